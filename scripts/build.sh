@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Configures and builds helixlm in build/ (Release). Extra arguments go to the CMake configure step,
+# e.g. scripts/build.sh -DHLM_SANITIZE=ON -B build-asan.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_dir=build
+args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -B) build_dir="$2"; shift 2 ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${args[@]}" >/dev/null
+cmake --build "$build_dir" -j"$(nproc)"

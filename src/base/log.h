@@ -1,0 +1,14 @@
+// Logging: spdlog to stderr, so stdout stays clean for the machine-readable outputs of the CLI. Under
+// several ranks only rank 0 logs at info level unless HLM_LOG_ALL_RANKS is set; every line names its rank.
+#pragma once
+
+#include <spdlog/spdlog.h>
+
+#include <string>
+
+namespace hlm {
+
+// level: "trace", "debug", "info", "warn", "error", "off".
+void init_logging(const std::string& level, int rank, int world_size);
+
+}  // namespace hlm

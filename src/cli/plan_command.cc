@@ -1,0 +1,150 @@
+// `helixlm plan`: sizes a Helix deployment without weights. From a config.json (or a checkpoint
+// directory, whose headers give the exact stored dtypes) and a layout it prints the verdict of every
+// layout rule (with the layouts that would work), the exact parameter count, per-rank weight bytes by
+// category, MLA KV bytes per token and at the requested context, KDA state per sequence, and totals for
+// a batch.
+#include <algorithm>
+#include <iostream>
+#include <memory>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "cli/commands.h"
+#include "model/memory_plan.h"
+#include "parallel/layout_rules.h"
+#include "weights/safetensors.h"
+
+namespace hlm {
+
+namespace {
+
+struct PlanArgs {
+  std::string config;
+  std::string model_dir;
+  LayoutRequest layout;
+  int64_t context = 131072;
+  int64_t batch = 1;
+  std::string kv_dtype = "bf16";
+};
+
+std::string grouped(int64_t n) {
+  std::string s = std::to_string(n);
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
+  return s;
+}
+
+std::string bytes_str(int64_t b) {
+  return fmt::format("{:>20} B  {:>10.3f} GiB", grouped(b), static_cast<double>(b) / (1024.0 * 1024 * 1024));
+}
+
+int64_t kv_value_bytes(const std::string& name) {
+  if (name == "bf16" || name == "f16") return 2;
+  if (name == "fp8") return 1;
+  if (name == "f32") return 4;
+  HLM_FAIL("--kv-dtype must be one of bf16, f16, fp8, f32 (got '{}')", name);
+}
+
+int run_plan(const PlanArgs& a) {
+  HLM_CHECK(a.config.empty() != a.model_dir.empty(), "plan needs exactly one of --config FILE or -m DIR");
+  HLM_CHECK(a.context > 0 && a.batch > 0, "--context and --batch must be positive (got {}, {})", a.context,
+            a.batch);
+  const int64_t kv_bytes = kv_value_bytes(a.kv_dtype);
+  const std::string config_path = a.config.empty() ? a.model_dir + "/config.json" : a.config;
+  const ModelConfig cfg = load_model_config(config_path);
+  std::unique_ptr<Checkpoint> ckpt;
+  if (!a.model_dir.empty()) ckpt = std::make_unique<Checkpoint>(a.model_dir);
+
+  const LayoutRequest& req = a.layout;
+  const int n = req.tp * req.cp;
+  std::cout << fmt::format("model: {} ({}), {} parameters\n", config_path, cfg.model_type,
+                           grouped(parameter_count(cfg)));
+  std::vector<std::string> violations = layout_violations(cfg, req);
+  if (!violations.empty()) {
+    std::cout << fmt::format("layout tp={} cp={} (N = {}): INVALID\n", req.tp, req.cp, n);
+    for (const std::string& v : violations) std::cout << "  - " << v << "\n";
+    std::vector<std::string> ok;
+    for (auto [tp, cp] : valid_layouts(cfg, n, std::max<int64_t>(1, req.tokens_per_block))) {
+      ok.push_back(fmt::format("--tp {} --cp {}", tp, cp));
+    }
+    std::cout << (ok.empty() ? fmt::format("no layout of {} ranks works for this model\n", n)
+                             : fmt::format("layouts of {} ranks that work: {}\n", n, fmt::join(ok, "; ")));
+    return 1;
+  }
+  const Mapping m0 = Mapping::make(req.tp, req.cp, 0, req.moe_ep, req.moe_tp);
+  std::cout << fmt::format("layout tp={} cp={} (N = {}), MoE EP {} x TP {}: valid\n", req.tp, req.cp, n,
+                           m0.moe_ep, m0.moe_tp);
+  std::cout << fmt::format(
+      "per rank: {} of {} KDA heads, {} MLA query heads (tp-local) and a chunk of {}, {} of {} routed "
+      "experts, "
+      "{} lm_head rows (vocab-parallel)\n",
+      m0.kda_heads(cfg.kda_heads).size(), cfg.kda_heads, m0.mla_tp_heads(cfg.mla_heads).size(),
+      m0.mla_chunk_heads(cfg.mla_heads).size(), m0.experts(cfg.num_experts).size(), cfg.num_experts,
+      m0.vocab_rows(cfg.vocab_size).size());
+
+  const StoredDType dtype_of = [&](const WeightSpec& s) {
+    if (!ckpt) return s.typical_dtype;
+    for (const std::string& name : {s.name}) {
+      if (ckpt->has(name)) return ckpt->info(name).dtype;
+    }
+    for (const std::string& alt : s.alt_names) {
+      if (ckpt->has(alt)) return ckpt->info(alt).dtype;
+    }
+    return ckpt->info(s.name).dtype;  // reports the missing tensor
+  };
+  std::cout << fmt::format("weights per rank ({}):\n",
+                           ckpt ? "dtypes as stored in the checkpoint"
+                                : "dtypes of the published checkpoint: bf16, A_log and dt_bias f32");
+  const Placement placement{req.tokens_per_block, req.cp};
+  int64_t worst_total = 0;
+  for (int r = 0; r < n; ++r) {
+    const Mapping m = Mapping::make(req.tp, req.cp, r, req.moe_ep, req.moe_tp);
+    const RankWeightBytes w = rank_weight_bytes(cfg, m, dtype_of);
+    const StateBytes st = state_bytes(cfg, m, kv_bytes, 2);
+    const int64_t kv = kv_bytes_at(st, placement, m.cp_rank(), a.context);
+    const int64_t per_seq = kv + st.kda_recurrent + st.kda_conv;
+    const int64_t total = w.total + a.batch * per_seq;
+    worst_total = std::max(worst_total, total);
+    // Ranks with identical figures are summarized by the first; print rank 0 in full.
+    if (r > 0) continue;
+    for (int c = 0; c < kNumWeightCategories; ++c) {
+      if (w.by_category[c] == 0) continue;
+      std::cout << fmt::format("  {:<16}{}\n", weight_category_name(static_cast<WeightCategory>(c)),
+                               bytes_str(w.by_category[c]));
+    }
+    std::cout << fmt::format("  {:<16}{}\n", "total", bytes_str(w.total));
+    std::cout << fmt::format("state per rank ({} KV, bf16 conv window, fp32 recurrent state):\n", a.kv_dtype);
+    std::cout << fmt::format(
+        "  MLA KV per global token: {} B over all ranks of a CP group, {:.1f} B per rank\n",
+        grouped(st.kv_per_token), static_cast<double>(st.kv_per_token) / req.cp);
+    std::cout << fmt::format("  MLA KV of one sequence at {} tokens (rank 0, whole pages of {}):{}\n",
+                             grouped(a.context), req.tokens_per_block, bytes_str(kv));
+    std::cout << fmt::format("  KDA recurrent state per sequence: {}\n", bytes_str(st.kda_recurrent));
+    std::cout << fmt::format("  KDA conv window per sequence:     {}\n", bytes_str(st.kda_conv));
+    std::cout << fmt::format("total for batch {} at {} tokens (rank 0):{}\n", a.batch, grouped(a.context),
+                             bytes_str(total));
+  }
+  std::cout << fmt::format("largest rank total:{}\n", bytes_str(worst_total));
+  return 0;
+}
+
+}  // namespace
+
+CommandRunner add_plan_command(CLI::App& app) {
+  auto a = std::make_shared<PlanArgs>();
+  CLI::App* cmd = app.add_subcommand("plan", "Size a Helix deployment from a config, without weights");
+  cmd->add_option("--config", a->config, "config.json of the model");
+  cmd->add_option("-m,--model", a->model_dir, "Checkpoint directory (uses the stored dtypes)");
+  cmd->add_option("--tp", a->layout.tp, "MLA tensor-parallel width")->capture_default_str();
+  cmd->add_option("--cp", a->layout.cp, "MLA context-parallel width")->capture_default_str();
+  cmd->add_option("--moe-ep", a->layout.moe_ep, "MoE expert-parallel width (default: tp*cp)");
+  cmd->add_option("--moe-tp", a->layout.moe_tp, "MoE tensor-parallel width (default: 1)");
+  cmd->add_option("--tokens-per-block", a->layout.tokens_per_block, "MLA KV page size")
+      ->capture_default_str();
+  cmd->add_option("--context", a->context, "Tokens per sequence")->capture_default_str();
+  cmd->add_option("--batch", a->batch, "Sequences")->capture_default_str();
+  cmd->add_option("--kv-dtype", a->kv_dtype, "MLA cache dtype: bf16, f16, fp8, f32")->capture_default_str();
+  return [a] { return run_plan(*a); };
+}
+
+}  // namespace hlm

@@ -1,0 +1,49 @@
+// FFN layers (docs/MODEL.md §7): the dense SwiGLU MLP and the MoE (fp32 sigmoid router, routed experts,
+// shared experts). Under Helix (docs/HELIX.md §8) the dense MLP and the shared experts are tensor-parallel
+// over N by r', the routed experts expert-parallel over N, the router replicated; the routed and shared
+// partial sums are added locally and completed by one all-reduce.
+#pragma once
+
+#include "model/layer_env.h"
+#include "model/weight_reader.h"
+
+namespace hlm {
+
+// act(x·gateᵀ) ⊙ (x·upᵀ) · downᵀ with this rank's rows of the intermediate; a partial sum under TP.
+struct GluMlp {
+  Tensor gate;  // [I_local, hidden]
+  Tensor up;    // [I_local, hidden]
+  Tensor down;  // [hidden, I_local]
+
+  Tensor partial(Ops& ops, const Tensor& x, const ActivationParams& act) const;
+};
+
+class DenseLayer {
+ public:
+  DenseLayer(const LayerEnv& env, int layer, WeightReader& weights);
+  Tensor forward(const LayerEnv& env, const Tensor& x);  // [T, hidden] -> [T, hidden]
+
+ private:
+  GluMlp mlp_;
+};
+
+class MoeLayer {
+ public:
+  MoeLayer(const LayerEnv& env, int layer, WeightReader& weights);
+  Tensor forward(const LayerEnv& env, const Tensor& x);  // [T, hidden] -> [T, hidden]
+
+ private:
+  RouterParams router_;
+  Tensor gate_;  // [E, hidden], replicated
+  Tensor bias_;  // [E]
+  int64_t expert_begin_ = 0;
+  Tensor w_gate_;  // [E_local, I_local, hidden]
+  Tensor w_up_;    // [E_local, I_local, hidden]
+  Tensor w_down_;  // [E_local, hidden, I_local]
+  bool has_shared_ = false;
+  GluMlp shared_;
+};
+
+ActivationParams activation_params(const ModelConfig& cfg);
+
+}  // namespace hlm

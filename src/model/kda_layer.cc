@@ -1,0 +1,71 @@
+#include "model/kda_layer.h"
+
+#include <fmt/format.h>
+
+#include "model/host_transforms.h"
+
+namespace hlm {
+
+KdaLayer::KdaLayer(const LayerEnv& env, int layer, WeightReader& w) {
+  const ModelConfig& c = env.cfg;
+  Ops& ops = env.ops;
+  const std::string k = fmt::format("layers.{}.kda.", layer);
+  heads_ = env.mapping.kda_heads(c.kda_heads).size();
+  head_dim_ = c.kda_head_dim;
+  const int64_t dl = heads_ * head_dim_;
+
+  qkv_ = ops.upload(concat_rows({w.read(k + "q_proj"), w.read(k + "k_proj"), w.read(k + "v_proj")}));
+  Tensor conv = concat_rows({w.read(k + "q_conv"), w.read(k + "k_conv"), w.read(k + "v_conv")});
+  conv_ = ops.upload(conv.reshape({3 * dl, c.kda_conv_kernel}));
+  a_log_ = ops.upload(w.read(k + "a_log"));
+  dt_bias_ = ops.upload(w.read(k + "dt_bias"));
+  f_a_ = ops.upload(w.read(k + "f_a"));
+  f_b_ = ops.upload(w.read(k + "f_b"));
+  b_proj_ = ops.upload(w.read(k + "b_proj"));
+  g_a_ = ops.upload(w.read(k + "g_a"));
+  g_b_ = ops.upload(w.read(k + "g_b"));
+  o_norm_ = ops.upload(w.read(k + "o_norm"));
+  o_proj_ = ops.upload(w.read(k + "o_proj"));
+  check_shape(qkv_, {3 * dl, c.hidden_size}, "KDA qkv");
+  check_shape(a_log_, {heads_}, "KDA A_log shard");
+  check_shape(o_proj_, {c.hidden_size, dl}, "KDA o_proj shard");
+}
+
+void KdaLayer::allocate_state(const LayerEnv& env, int32_t slots) {
+  const int64_t dl = heads_ * head_dim_;
+  conv_state_ = env.ops.zeros({slots, 3 * dl, env.cfg.kda_conv_kernel - 1}, DType::kF32);
+  recurrent_state_ = env.ops.zeros({slots, heads_, head_dim_, head_dim_}, DType::kF32);
+}
+
+void KdaLayer::reset_slot(const LayerEnv& env, int32_t slot) {
+  Tensor conv = conv_state_[slot];
+  Tensor rec = recurrent_state_[slot];
+  env.ops.fill_zero(conv);
+  env.ops.fill_zero(rec);
+}
+
+Tensor KdaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext& ctx) {
+  Ops& ops = env.ops;
+  const int64_t t = x.dim(0), hl = heads_, hd = head_dim_, dl = hl * hd;
+
+  Tensor qkv = ops.linear(x, qkv_);                            // [T, 3·Dl]
+  qkv = ops.short_conv(qkv, conv_, ctx.seqs, conv_state_);     // [T, 3·Dl] after silu
+  Tensor q = ops.slice_last(qkv, 0, dl).reshape({t, hl, hd});  // [T, Hl, K]
+  Tensor k = ops.slice_last(qkv, dl, 2 * dl).reshape({t, hl, hd});
+  Tensor v = ops.slice_last(qkv, 2 * dl, 3 * dl).reshape({t, hl, hd});
+
+  Tensor graw = ops.linear(ops.linear(x, f_a_), f_b_);                         // [T, Dl]
+  Tensor g = ops.kda_gate(graw, a_log_, dt_bias_, 0.0f).reshape({t, hl, hd});  // [T, Hl, K]
+  Tensor beta = ops.sigmoid(ops.linear(x, b_proj_));                           // [T, Hl]
+
+  Tensor o = ctx.decode_only ? ops.kda_decode(q, k, v, g, beta, ctx.seqs, recurrent_state_)
+                             : ops.kda_prefill(q, k, v, g, beta, ctx.seqs, recurrent_state_);  // [T, Hl, V]
+
+  Tensor gate = ops.linear(ops.linear(x, g_a_), g_b_).reshape({t, hl, hd});  // [T, Hl, V]
+  Tensor y = ops.gated_rms_norm(o, gate, o_norm_, static_cast<float>(env.cfg.rms_norm_eps));
+  Tensor out = ops.linear(y.reshape({t, dl}), o_proj_);  // [T, hidden], this rank's partial sum
+  env.comm.all_reduce_sum(out, CommGroup::kWorld);
+  return out;
+}
+
+}  // namespace hlm

@@ -1,0 +1,43 @@
+// Kimi Delta Attention layer (docs/MODEL.md §5), written once for any rank layout: this rank runs its
+// Hk/N heads (HELIX.md §7) end to end and the row-split o_proj partial sums are all-reduced over N.
+// It owns its per-sequence state: the conv window and the fp32 recurrent state, sized by local heads.
+#pragma once
+
+#include "model/layer_env.h"
+#include "model/step_context.h"
+#include "model/weight_reader.h"
+
+namespace hlm {
+
+class KdaLayer {
+ public:
+  KdaLayer(const LayerEnv& env, int layer, WeightReader& weights);
+
+  // x: input-normed hidden [T, hidden] -> attention output [T, hidden], complete on every rank.
+  Tensor forward(const LayerEnv& env, const Tensor& x, const StepContext& ctx);
+
+  void allocate_state(const LayerEnv& env, int32_t slots);
+  void reset_slot(const LayerEnv& env, int32_t slot);
+  int64_t state_bytes_per_slot() const {
+    return static_cast<int64_t>(conv_state_[0].nbytes() + recurrent_state_[0].nbytes());
+  }
+
+ private:
+  int64_t heads_ = 0;  // local heads
+  int64_t head_dim_ = 0;
+  Tensor qkv_;              // [3·Dl, hidden]: q, k and v rows of this rank's heads, fused into one GEMM
+  Tensor conv_;             // [3·Dl, W]
+  Tensor a_log_;            // [Hl]
+  Tensor dt_bias_;          // [Dl]
+  Tensor f_a_;              // [K, hidden]
+  Tensor f_b_;              // [Dl, K]
+  Tensor b_proj_;           // [Hl, hidden]
+  Tensor g_a_;              // [K, hidden]
+  Tensor g_b_;              // [Dl, K]
+  Tensor o_norm_;           // [K]
+  Tensor o_proj_;           // [hidden, Dl]
+  Tensor conv_state_;       // [slots, 3·Dl, W-1]
+  Tensor recurrent_state_;  // [slots, Hl, K, V] fp32
+};
+
+}  // namespace hlm

@@ -1,0 +1,41 @@
+// Multi-head Latent Attention layer (docs/MODEL.md §6) in the weight-absorbed form over the paged latent
+// cache, with Helix decode context parallelism built in (docs/HELIX.md §3): queries for the tp-local
+// heads, local partial attention with (max, sum) stats over the pages this rank owns, an all-to-all over
+// the CP group that hands each rank its head chunk r', the exact LSE combine, W_UV and the o_proj shard of
+// that chunk, and one all-reduce over N. With cp = 1 the all-to-all and combine drop out; the same code
+// serves prefill (causality is a per-query visible-key count) and decode.
+#pragma once
+
+#include "model/layer_env.h"
+#include "model/step_context.h"
+#include "model/weight_reader.h"
+
+namespace hlm {
+
+class MlaLayer {
+ public:
+  MlaLayer(const LayerEnv& env, int layer, WeightReader& weights);
+
+  // x: input-normed hidden [T, hidden] -> attention output [T, hidden], complete on every rank.
+  Tensor forward(const LayerEnv& env, const Tensor& x, const StepContext& ctx);
+
+  void allocate_cache(const LayerEnv& env, int64_t pages, int64_t tokens_per_block);
+
+ private:
+  Tensor project_queries(const LayerEnv& env, const Tensor& x);  // [T, H/tp, L + R]
+
+  int64_t tp_heads_ = 0;     // H / tp: heads whose queries this rank projects
+  int64_t chunk_heads_ = 0;  // H / N: heads this rank finishes after the all-to-all
+  Tensor q_proj_;            // [H/tp·qk, hidden] (no q-LoRA)
+  Tensor q_a_;               // [r, hidden] (q-LoRA)
+  Tensor q_a_norm_;          // [r]
+  Tensor q_b_;               // [H/tp·qk, r]
+  Tensor kv_a_;              // [L + R, hidden]
+  Tensor kv_a_norm_;         // [L]
+  Tensor w_uk_;              // [H/tp, nope, L]
+  Tensor w_uv_;              // [H/N, L, v]
+  Tensor o_proj_;            // [hidden, H/N·v]
+  Tensor cache_;             // [pages, P, L + R]: normalized latent c | k_pe of the tokens this rank owns
+};
+
+}  // namespace hlm

@@ -1,0 +1,102 @@
+#include "model/model.h"
+
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "base/log.h"
+
+namespace hlm {
+
+namespace {
+
+std::variant<KdaLayer, MlaLayer> make_attention(const LayerEnv& env, int i, WeightReader& w) {
+  if (env.cfg.attn[i] == AttnKind::kKda)
+    return std::variant<KdaLayer, MlaLayer>(std::in_place_type<KdaLayer>, env, i, w);
+  return std::variant<KdaLayer, MlaLayer>(std::in_place_type<MlaLayer>, env, i, w);
+}
+
+std::variant<DenseLayer, MoeLayer> make_ffn(const LayerEnv& env, int i, WeightReader& w) {
+  if (env.cfg.ffn[i] == FfnKind::kDense) {
+    return std::variant<DenseLayer, MoeLayer>(std::in_place_type<DenseLayer>, env, i, w);
+  }
+  return std::variant<DenseLayer, MoeLayer>(std::in_place_type<MoeLayer>, env, i, w);
+}
+
+}  // namespace
+
+Model::Model(const ModelConfig& cfg, const Mapping& mapping, Ops& ops, Comm& comm, const Checkpoint& ckpt)
+    : cfg_(cfg), mapping_(mapping), ops_(ops), comm_(comm) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto last_report = start;
+  WeightReader w(ckpt, cfg_, mapping_);
+  const size_t bytes_before = w.bytes_read();
+  const LayerEnv e = env();
+
+  embed_ = ops_.upload(w.read("embed"));
+  layers_.reserve(cfg_.num_layers);
+  for (int i = 0; i < cfg_.num_layers; ++i) {
+    layers_.push_back(Layer{ops_.upload(w.read(fmt::format("layers.{}.input_norm", i))),
+                            ops_.upload(w.read(fmt::format("layers.{}.post_attn_norm", i))),
+                            make_attention(e, i, w), make_ffn(e, i, w)});
+    if (Clock::now() - last_report > std::chrono::seconds(2)) {
+      last_report = Clock::now();
+      spdlog::info("loading weights: layer {}/{}, {:.2f} GB read", i + 1, cfg_.num_layers,
+                   static_cast<double>(w.bytes_read() - bytes_before) / 1e9);
+    }
+  }
+  final_norm_ = ops_.upload(w.read("final_norm"));
+  lm_head_ = ops_.upload(w.read("lm_head"));
+  weight_bytes_read_ = w.bytes_read() - bytes_before;
+  spdlog::info("loaded {} layers ({:.1f} MB of weights on this rank) in {:.2f} s", cfg_.num_layers,
+               static_cast<double>(weight_bytes_read_) / 1e6,
+               std::chrono::duration<double>(Clock::now() - start).count());
+}
+
+void Model::allocate_caches(int32_t slots, int64_t pages, int64_t tokens_per_block) {
+  const LayerEnv e = env();
+  for (Layer& l : layers_) {
+    if (auto* kda = std::get_if<KdaLayer>(&l.attn)) kda->allocate_state(e, slots);
+    if (auto* mla = std::get_if<MlaLayer>(&l.attn)) mla->allocate_cache(e, pages, tokens_per_block);
+  }
+}
+
+void Model::reset_slot(int32_t slot) {
+  const LayerEnv e = env();
+  for (Layer& l : layers_) {
+    if (auto* kda = std::get_if<KdaLayer>(&l.attn)) kda->reset_slot(e, slot);
+  }
+}
+
+int64_t Model::kda_state_bytes_per_slot() const {
+  int64_t bytes = 0;
+  for (const Layer& l : layers_) {
+    if (const auto* kda = std::get_if<KdaLayer>(&l.attn)) bytes += kda->state_bytes_per_slot();
+  }
+  return bytes;
+}
+
+Tensor Model::forward(const StepContext& ctx) {
+  const LayerEnv e = env();
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  Tensor h = ops_.embedding(embed_, ctx.token_ids);  // [T, hidden]
+  for (Layer& l : layers_) {
+    Tensor x = ops_.rms_norm(h, l.input_norm, eps);  // [T, hidden]
+    Tensor a = std::visit([&](auto& attn) { return attn.forward(e, x, ctx); }, l.attn);
+    ops_.add_inplace(h, a);
+    x = ops_.rms_norm(h, l.post_attn_norm, eps);
+    Tensor f = std::visit([&](auto& ffn) { return ffn.forward(e, x); }, l.ffn);
+    ops_.add_inplace(h, f);
+  }
+  Tensor last = ops_.rms_norm(ops_.gather_rows(h, ctx.logit_rows), final_norm_, eps);  // [R, hidden]
+  Tensor logits = ops_.linear(last, lm_head_);                                         // [R, vocab / N]
+  const int64_t rows = last.dim(0);
+  if (mapping_.world() > 1) {
+    // [N, R, V/N] -> [R, N, V/N] = [R, V]: shard n holds vocabulary rows [n·V/N, (n+1)·V/N).
+    logits = ops_.transpose01(comm_.all_gather(logits, CommGroup::kWorld)).reshape({rows, cfg_.vocab_size});
+  }
+  return ops_.to_host_f32(logits);
+}
+
+}  // namespace hlm

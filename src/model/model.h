@@ -1,0 +1,57 @@
+// Model: the Kimi Linear decoder (docs/MODEL.md §8.1) for one rank of a Mapping: embedding, the layer
+// stack (KDA or MLA attention, dense or MoE FFN, pre-norm residuals) and the final norm + lm_head
+// (vocab-parallel over N, gathered so every rank holds identical logits).
+#pragma once
+
+#include <memory>
+#include <variant>
+#include <vector>
+
+#include "model/ffn_layer.h"
+#include "model/kda_layer.h"
+#include "model/mla_layer.h"
+
+namespace hlm {
+
+class Model {
+ public:
+  // Reads this rank's weights from `ckpt` (validated against the config first).
+  Model(const ModelConfig& cfg, const Mapping& mapping, Ops& ops, Comm& comm, const Checkpoint& ckpt);
+
+  // KDA state for `slots` sequences and `pages` MLA pages of `tokens_per_block` tokens on this rank.
+  void allocate_caches(int32_t slots, int64_t pages, int64_t tokens_per_block);
+  // Zeroes the KDA state of a slot before a new sequence uses it.
+  void reset_slot(int32_t slot);
+
+  // One step over the ragged batch of `ctx`; returns the logits of ctx.logit_rows as host F32
+  // [rows, vocab], identical on every rank.
+  Tensor forward(const StepContext& ctx);
+
+  const ModelConfig& config() const { return cfg_; }
+  const Mapping& mapping() const { return mapping_; }
+  size_t weight_bytes_read() const { return weight_bytes_read_; }
+  // Bytes of KDA state (conv window + recurrent) one sequence slot takes on this rank.
+  int64_t kda_state_bytes_per_slot() const;
+
+ private:
+  struct Layer {
+    Tensor input_norm;      // [hidden]
+    Tensor post_attn_norm;  // [hidden]
+    std::variant<KdaLayer, MlaLayer> attn;
+    std::variant<DenseLayer, MoeLayer> ffn;
+  };
+
+  LayerEnv env() { return LayerEnv{cfg_, mapping_, ops_, comm_}; }
+
+  ModelConfig cfg_;
+  Mapping mapping_;
+  Ops& ops_;
+  Comm& comm_;
+  Tensor embed_;  // [vocab, hidden]
+  std::vector<Layer> layers_;
+  Tensor final_norm_;  // [hidden]
+  Tensor lm_head_;     // [vocab / N, hidden]
+  size_t weight_bytes_read_ = 0;
+};
+
+}  // namespace hlm

@@ -1,0 +1,68 @@
+// The shard plan: one table naming every checkpoint tensor the model uses, its stored shape, and how it
+// splits across the ranks of a Mapping (docs/HELIX.md §2). The loader reads exactly the box this table
+// gives for a rank, `inspect` counts parameters and bytes from it, and `plan` sizes a deployment from it
+// without any weights, so the three can never disagree.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/dtype.h"
+#include "base/tensor.h"
+#include "config/model_config.h"
+#include "parallel/mapping.h"
+#include "weights/safetensors.h"
+
+namespace hlm {
+
+enum class WeightCategory {
+  kEmbedding,
+  kLmHead,
+  kNorm,
+  kKda,
+  kMla,
+  kDenseMlp,
+  kRouter,
+  kRoutedExperts,
+  kSharedExperts
+};
+const char* weight_category_name(WeightCategory c);
+constexpr int kNumWeightCategories = 9;
+
+// Which rank index splits `split_dim` of the view, evenly.
+enum class ShardBy {
+  kNone,   // replicated
+  kWorld,  // over N = tp·cp by the repurposed rank r'
+  kTp,     // over tp by tp_rank (MLA query heads)
+  kMoeTp,  // over moe_tp inside an expert
+};
+
+struct WeightSpec {
+  std::string key;                     // logical name the layers ask for, e.g. "layers.3.mla.w_uv"
+  std::string name;                    // checkpoint tensor name
+  std::vector<std::string> alt_names;  // other names the same tensor is stored under
+  Shape shape;                         // stored shape
+  Shape view;                          // reshape used for the box (empty: shape)
+  int split_dim = 0;
+  ShardBy by = ShardBy::kNone;
+  std::vector<std::pair<int, std::pair<int64_t, int64_t>>> fixed;  // (view dim, [begin, end)) always taken
+  int64_t expert = -1;      // routed expert index: held only by the EP rank owning it
+  int64_t num_experts = 0;  // the layer's routed experts (with `expert`)
+  WeightCategory category = WeightCategory::kNorm;
+  DType typical_dtype = DType::kBF16;  // the published checkpoint's dtype, for planning without weights
+  int layer = -1;
+};
+
+// Every tensor of the model described by `cfg`, in a stable order.
+std::vector<WeightSpec> weight_layout(const ModelConfig& cfg);
+
+// The part of `spec` rank `m` holds, or nullopt if it holds none of it.
+std::optional<TensorBox> rank_box(const WeightSpec& spec, const Mapping& m);
+
+// Elements inside a box of `spec` (the whole tensor when `box` is empty).
+int64_t box_numel(const WeightSpec& spec, const TensorBox& box);
+
+}  // namespace hlm

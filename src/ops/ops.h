@@ -1,0 +1,143 @@
+// The op interface. Every layer in model/ is written once against this class and never branches on the
+// backend; ops/cpu/ is the reference implementation (fp32, OpenMP, OpenBLAS for GEMMs) and every other
+// backend is tested against it. Ops return freshly allocated outputs unless they update a cache or state
+// in place; an output passed by reference is allocated when undefined, and otherwise must already have
+// the output's shape and dtype and is overwritten. Ragged batches (several sequences, each with its own
+// number of new tokens) are described by SeqSpan lists; tokens of one sequence are consecutive rows, the
+// spans of one call are disjoint and use distinct slots, and rows outside every span come out as 0.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "base/tensor.h"
+#include "config/model_config.h"
+
+namespace hlm {
+
+// One sequence's rows in a ragged batch, and the cache slot holding its recurrent/conv state.
+struct SeqSpan {
+  int64_t token_begin = 0;
+  int64_t token_count = 0;
+  int32_t slot = 0;
+};
+
+// One sequence's MLA attention work on this rank: its queries are rows [token_begin, token_begin +
+// token_count); its local keys are the first kv_len[t] entries of the pages listed in
+// page_table[page_begin, page_begin + num_pages) (physical page ids, I32, in local order).
+struct MlaSeq {
+  int64_t token_begin = 0;
+  int64_t token_count = 0;
+  int64_t page_begin = 0;
+  int64_t num_pages = 0;
+};
+
+struct RouterParams {
+  int64_t top_k = 0;
+  int64_t num_expert_group = 1;
+  int64_t topk_group = 1;
+  bool renormalize = true;
+  float scaling = 1.0f;
+};
+
+struct ActivationParams {
+  Activation kind = Activation::kSilu;
+  float situ_beta = 4.0f;          // SiTU only
+  float situ_linear_beta = 25.0f;  // SiTU only
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual Device device() const = 0;
+
+  // --- memory -----------------------------------------------------------------------------------------
+  virtual Tensor empty(const Shape& shape, DType dtype) = 0;
+  virtual Tensor zeros(const Shape& shape, DType dtype) = 0;
+  // Host tensor (any float dtype) -> backend tensor in the backend's weight dtype. Index tensors (I32,
+  // I64: ids, page tables, slots) are copied unchanged.
+  virtual Tensor upload(const Tensor& host) = 0;
+  // Backend tensor -> host F32 tensor.
+  virtual Tensor to_host_f32(const Tensor& t) = 0;
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;  // same shape
+  // Sets every element of t (any dtype; a view such as one state slot) to zero.
+  virtual void fill_zero(Tensor& t) = 0;
+
+  // --- dense ------------------------------------------------------------------------------------------
+  // table [V, D], ids [T] I32 -> [T, D]
+  virtual Tensor embedding(const Tensor& table, const Tensor& ids) = 0;
+  // x [T, in], w [out, in] -> x·wᵀ [T, out]
+  virtual Tensor linear(const Tensor& x, const Tensor& w) = 0;
+  // Row-wise RMSNorm over the last dim: w · (x · rsqrt(mean(x²) + eps)). x [..., D], w [D].
+  virtual Tensor rms_norm(const Tensor& x, const Tensor& w, float eps) = 0;
+  // y += x, same shape.
+  virtual void add_inplace(Tensor& y, const Tensor& x) = 0;
+  // act(gate) · up, elementwise; gate, up [T, I].
+  virtual Tensor glu(const Tensor& gate, const Tensor& up, const ActivationParams& act) = 0;
+  virtual Tensor sigmoid(const Tensor& x) = 0;
+  // x [T, H, a], w [H, a, b] -> y[t, h] = x[t, h]·w[h]  [T, H, b]
+  virtual Tensor head_matmul(const Tensor& x, const Tensor& w) = 0;
+  // Columns [begin, end) of the last dimension. x [..., C] -> [..., end - begin]
+  virtual Tensor slice_last(const Tensor& x, int64_t begin, int64_t end) = 0;
+  // Concatenation along the last dimension; leading dimensions must agree.
+  virtual Tensor concat_last(const Tensor& a, const Tensor& b) = 0;
+  // Rows `rows` (I32 indices) of x [T, ...] -> [len(rows), ...]
+  virtual Tensor gather_rows(const Tensor& x, const Tensor& rows) = 0;
+  // Swaps the two leading dimensions: x [A, B, ...] -> [B, A, ...] (head chunks to all-to-all order).
+  virtual Tensor transpose01(const Tensor& x) = 0;
+
+  // --- KDA --------------------------------------------------------------------------------------------
+  // Depthwise causal conv (kernel W, no bias) + silu per sequence, continuing from and updating the
+  // sequence's conv state (the last W-1 raw inputs). x [T, C], w [C, W], state [slots, C, W-1] -> [T, C]
+  virtual Tensor short_conv(const Tensor& x, const Tensor& w, const std::vector<SeqSpan>& seqs,
+                            Tensor& state) = 0;
+  // Forget gate in log space. graw [T, H·K], a_log [H], dt_bias [H·K] -> g [T, H·K] (fp32, g <= 0).
+  // lower_bound == 0: g = -exp(a_log)·softplus(graw + dt_bias) (threshold 20);
+  // lower_bound < 0:  g = lower_bound·sigmoid(exp(a_log)·(graw + dt_bias))   (K3's bounded gate).
+  virtual Tensor kda_gate(const Tensor& graw, const Tensor& a_log, const Tensor& dt_bias,
+                          float lower_bound) = 0;
+  // KDA core over ragged sequences, updating state [slots, H, K, V] (fp32) in place. q, k, v [T, H, K]
+  // are the raw conv outputs: the op L2-normalizes q and k (eps 1e-6 inside the sqrt) and scales q by
+  // K^-0.5. g [T, H, K] fp32 log decays, beta [T, H]. Returns o [T, H, V].
+  // kda_prefill uses the chunked form (chunk 64, pairwise decays only); kda_decode the recurrence and
+  // requires token_count == 1 for every sequence. Both are exact forms of the same math.
+  virtual Tensor kda_prefill(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                             const Tensor& beta, const std::vector<SeqSpan>& seqs, Tensor& state) = 0;
+  virtual Tensor kda_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                            const Tensor& beta, const std::vector<SeqSpan>& seqs, Tensor& state) = 0;
+  // Per head over V: w · rmsnorm(o, eps) · sigmoid(gate), all fp32. o, gate [T, H, V], w [V].
+  virtual Tensor gated_rms_norm(const Tensor& o, const Tensor& gate, const Tensor& w, float eps) = 0;
+
+  // --- MLA --------------------------------------------------------------------------------------------
+  // Writes rows of entries [T, D] into cache [pages, P, D] at flat slots [T] I64 (page·P + offset);
+  // a negative slot skips the row (the token belongs to another rank).
+  virtual void cache_write(const Tensor& entries, const Tensor& slots, Tensor& cache) = 0;
+  // Partial attention of queries q [T, H, D] over local latent keys (the cache rows, D = L + R) with
+  // values = the first `v_dim` columns of the same rows. kv_len [T] I32 is the number of visible local
+  // keys of each query (a prefix of its sequence's local keys, so causality is a length). Returns
+  // out [T, H, v_dim], normalized within this rank, and stats [T, H, 2] = (max logit, Σ exp(logit - max)),
+  // natural base, logit = q·k·scale. Rows with kv_len 0 give out 0, stats (-inf, 0).
+  virtual void mla_attention(const Tensor& q, const Tensor& cache, const Tensor& page_table,
+                             const std::vector<MlaSeq>& seqs, const Tensor& kv_len, float scale,
+                             int64_t v_dim, Tensor& out, Tensor& stats) = 0;
+  // Exact merge of partial attentions: parts [R, T, H, V], stats [R, T, H, 2] -> [T, H, V].
+  // Sources with (-inf, 0) get weight 0; a row with no keys anywhere gives 0.
+  virtual Tensor lse_combine(const Tensor& parts, const Tensor& stats) = 0;
+
+  // --- MoE --------------------------------------------------------------------------------------------
+  // Router of docs/MODEL.md §7.1 in fp32: x [T, D], w [E, D], bias [E] (selection only) ->
+  // idx [T, k] I32 and weights [T, k] F32 (raw sigmoid scores, renormalized if asked, times scaling).
+  // Ties in group or expert selection go to the lower index; idx lists experts by descending selection
+  // score.
+  virtual void moe_route(const Tensor& x, const Tensor& w, const Tensor& bias, const RouterParams& p,
+                         Tensor& idx, Tensor& weights) = 0;
+  // Σ_k weights[t,k] · E_{idx[t,k]}(x[t]) over the experts this rank holds, [expert_begin, expert_begin +
+  // E_l), accumulated in fp32. E_e(x) = down_e(act(gate_e x) · up_e x). x [T, D], gate/up [E_l, I, D], down
+  // [E_l, D, I] -> [T, D]. Tokens routed to experts elsewhere contribute nothing here.
+  virtual Tensor moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& gate,
+                             const Tensor& up, const Tensor& down, int64_t expert_begin,
+                             const ActivationParams& act) = 0;
+};
+
+}  // namespace hlm

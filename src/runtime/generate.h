@@ -1,0 +1,27 @@
+// Generation driver on rank 0: a small continuous-batching scheduler. Each step takes one token from
+// every decoding sequence and fills the rest of a token budget with prefill chunks of sequences still
+// reading their prompt, so prompts of any length are prefilled in chunks while others decode, in the
+// same ragged step.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "runtime/sampler.h"
+
+namespace hlm {
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 16;
+  int64_t step_tokens = 512;  // token budget of one step (prefill chunk size)
+  bool stop_at_eos = true;
+  SamplingParams sampling;
+};
+
+// Generates for every prompt; returns the new tokens of each, in prompt order. A sequence stops after
+// max_new_tokens or, with stop_at_eos, after emitting an end-of-sequence id of the model's config.
+std::vector<std::vector<int32_t>> generate(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                                           const GenerateOptions& options);
+
+}  // namespace hlm

@@ -1,0 +1,60 @@
+// Test support: the golden fixtures made by tools/make_golden.py, a model + engine on any Comm, and
+// helpers that run the engine the way the CLI does (prefill chunks, one-token decode steps).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/ops.h"
+#include "parallel/comm.h"
+#include "runtime/engine.h"
+#include "weights/safetensors.h"
+
+namespace hlm::test {
+
+struct GoldenPrompt {
+  std::vector<int32_t> ids;     // the prompt
+  std::vector<int32_t> greedy;  // the reference's greedy continuation
+  Tensor logits;                // [len(ids) + len(greedy), vocab]: one pass over prompt + continuation
+};
+
+struct GoldenCase {
+  std::string name;       // fixture directory name
+  std::string model_dir;  // config.json + weights
+  std::vector<GoldenPrompt> prompts;
+};
+
+// Every fixture under HLM_FIXTURES_DIR with a golden.json, plus each "-moonshot" twin (same weights,
+// Moonshot-style config) checked against its base fixture's references.
+std::vector<std::string> golden_case_names();
+GoldenCase load_golden_case(const std::string& name);
+
+// A model and engine for one rank.
+class Runner {
+ public:
+  Runner(const std::string& model_dir, const Mapping& mapping, Comm& comm, EngineOptions options = {});
+  Engine& engine() { return *engine_; }
+  Model& model() { return *model_; }
+  const ModelConfig& config() const { return config_; }
+
+ private:
+  ModelConfig config_;
+  std::unique_ptr<Ops> ops_;
+  std::unique_ptr<Checkpoint> checkpoint_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Engine> engine_;
+};
+
+// Logits at every position of `ids` for a new sequence `seq_id`: positions < prefill_len in prefill
+// steps of at most `chunk` tokens (0: one step), then one token per step. [len(ids), vocab]
+Tensor sequence_logits(Engine& engine, int64_t seq_id, const std::vector<int32_t>& ids, int64_t prefill_len,
+                       int64_t chunk = 0);
+
+float max_abs_diff(const Tensor& a, const Tensor& b);
+// Rows [begin, end) of a [rows, vocab] tensor.
+Tensor rows(const Tensor& t, int64_t begin, int64_t end);
+// Top-1 minus top-2 of a row.
+float top2_margin(const float* row, int64_t n);
+
+}  // namespace hlm::test
