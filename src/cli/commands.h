@@ -14,5 +14,6 @@ CommandRunner add_generate_command(CLI::App& app);
 CommandRunner add_logits_command(CLI::App& app);
 CommandRunner add_inspect_command(CLI::App& app);
 CommandRunner add_plan_command(CLI::App& app);
+CommandRunner add_bench_command(CLI::App& app);
 
 }  // namespace hlm

@@ -10,18 +10,13 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "cli/format.h"
 #include "model/weight_layout.h"
 #include "weights/safetensors.h"
 
 namespace hlm {
 
 namespace {
-
-std::string grouped(int64_t n) {
-  std::string s = std::to_string(n);
-  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
-  return s;
-}
 
 void print_schedule(const ModelConfig& c) {
   std::cout << fmt::format("layers: {} ({} KDA, {} MLA; {} dense FFN, {} MoE)\n", c.num_layers,
@@ -70,7 +65,7 @@ int run_inspect(const std::string& dir) {
     HLM_CHECK(info.shape == s.shape, "tensor '{}' in {}: expected shape {}, found {}", name,
               ckpt.file_of(name), shape_str(s.shape), shape_str(info.shape));
     const auto c = static_cast<size_t>(s.category);
-    params[c] += shape_numel(info.shape);
+    params[c] += stored_parameters(s);
     bytes[c] += static_cast<int64_t>(info.data_end - info.data_begin);
   }
   int64_t total_params = 0, total_bytes = 0;

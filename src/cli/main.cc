@@ -14,10 +14,9 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")->capture_default_str();
   const std::vector<std::pair<std::string, hlm::CommandRunner>> commands = {
-      {"generate", hlm::add_generate_command(app)},
-      {"logits", hlm::add_logits_command(app)},
-      {"inspect", hlm::add_inspect_command(app)},
-      {"plan", hlm::add_plan_command(app)},
+      {"generate", hlm::add_generate_command(app)}, {"logits", hlm::add_logits_command(app)},
+      {"inspect", hlm::add_inspect_command(app)},   {"plan", hlm::add_plan_command(app)},
+      {"bench", hlm::add_bench_command(app)},
   };
   try {
     app.parse(argc, argv);

@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 
 #include "cli/commands.h"
+#include "cli/format.h"
 #include "model/memory_plan.h"
 #include "parallel/layout_rules.h"
 #include "weights/safetensors.h"
@@ -27,12 +28,6 @@ struct PlanArgs {
   int64_t batch = 1;
   std::string kv_dtype = "bf16";
 };
-
-std::string grouped(int64_t n) {
-  std::string s = std::to_string(n);
-  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
-  return s;
-}
 
 std::string bytes_str(int64_t b) {
   return fmt::format("{:>20} B  {:>10.3f} GiB", grouped(b), static_cast<double>(b) / (1024.0 * 1024 * 1024));
@@ -63,12 +58,7 @@ int run_plan(const PlanArgs& a) {
   if (!violations.empty()) {
     std::cout << fmt::format("layout tp={} cp={} (N = {}): INVALID\n", req.tp, req.cp, n);
     for (const std::string& v : violations) std::cout << "  - " << v << "\n";
-    std::vector<std::string> ok;
-    for (auto [tp, cp] : valid_layouts(cfg, n, std::max<int64_t>(1, req.tokens_per_block))) {
-      ok.push_back(fmt::format("--tp {} --cp {}", tp, cp));
-    }
-    std::cout << (ok.empty() ? fmt::format("no layout of {} ranks works for this model\n", n)
-                             : fmt::format("layouts of {} ranks that work: {}\n", n, fmt::join(ok, "; ")));
+    std::cout << describe_valid_sizes(cfg, std::max<int64_t>(1, req.tokens_per_block)) << "\n";
     return 1;
   }
   const Mapping m0 = Mapping::make(req.tp, req.cp, 0, req.moe_ep, req.moe_tp);
@@ -94,7 +84,7 @@ int run_plan(const PlanArgs& a) {
   };
   std::cout << fmt::format("weights per rank ({}):\n",
                            ckpt ? "dtypes as stored in the checkpoint"
-                                : "dtypes of the published checkpoint: bf16, A_log and dt_bias f32");
+                                : "dtypes of the published checkpoint, as the shard plan records them");
   const Placement placement{req.tokens_per_block, req.cp};
   int64_t worst_total = 0;
   for (int r = 0; r < n; ++r) {

@@ -4,6 +4,8 @@
 // never rejected for fields it does not need.
 #include "config/model_config.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -435,9 +437,11 @@ void reject_unsupported(const Fields& f, const Fields* lac, bool is_k3) {
       opt_int(f, "attn_res_block_size").value_or(0) != 0,
       opt_int(f, "routed_expert_hidden_size").has_value(),
       lac != nullptr && opt_bool(*lac, "use_full_rank_gate").value_or(false),
+      lac != nullptr && lac->get("gate_lower_bound").value != nullptr,
   };
   const char* const k3_names[] = {"mla_use_output_gate", "attn_res_block_size", "routed_expert_hidden_size",
-                                  "linear_attn_config.use_full_rank_gate"};
+                                  "linear_attn_config.use_full_rank_gate",
+                                  "linear_attn_config.gate_lower_bound"};
   for (size_t i = 0; i < std::size(k3_features); ++i) {
     HLM_CHECK(
         !k3_features[i],
@@ -453,6 +457,75 @@ Activation read_activation(const Fields& f, bool is_k3) {
   HLM_CHECK(is_k3 && act == "situ", "{}: `{}` is \"{}\"; valid: \"silu\"{}", f.source(), f.path("hidden_act"),
             act, is_k3 ? " or \"situ\"" : "");
   return Activation::kSitu;
+}
+
+double opt_number(const Fields& f, std::string_view key, double fallback) {
+  Field field = f.get(key);
+  if (field.value == nullptr) return fallback;
+  HLM_CHECK(field.value->is_number() && std::isfinite(field.value->get<double>()),
+            "{}: `{}` must be a finite number, got {}", f.source(), field.name, describe(*field.value));
+  return field.value->get<double>();
+}
+
+// compressed-tensors MXFP4 (group 32) is the one quantization K3 ships, for its routed experts only.
+bool read_k3_quantization(const Fields& f) {
+  const json* q = opt_object(f, "quantization_config");
+  if (q == nullptr) return false;
+  const Fields qf(*q, f.source(), f.path("quantization_config."));
+  const std::string method = opt_string(qf, "quant_method").value_or("");
+  HLM_CHECK(method == "compressed-tensors", "{}: `{}` is \"{}\"; valid: \"compressed-tensors\"", f.source(),
+            qf.path("quant_method"), method);
+  std::vector<std::string> formats;
+  if (std::optional<std::string> top = opt_string(qf, "format")) formats.push_back(*top);
+  if (const json* groups = opt_object(qf, "config_groups")) {
+    for (const auto& [name, group] : groups->items()) {
+      const Fields gf(group, f.source(), qf.path("config_groups." + name + "."));
+      if (std::optional<std::string> fmt_name = opt_string(gf, "format")) formats.push_back(*fmt_name);
+      if (const json* w = opt_object(gf, "weights")) {
+        const Fields wf(*w, f.source(), gf.path("weights."));
+        const int64_t group_size = opt_int(wf, "group_size").value_or(32);
+        HLM_CHECK(group_size == 32, "{}: `{}` is {}; MXFP4 groups are 32 columns", f.source(),
+                  wf.path("group_size"), group_size);
+      }
+    }
+  }
+  HLM_CHECK(!formats.empty(), "{}: `{}` names no format; valid: \"mxfp4-pack-quantized\"", f.source(),
+            qf.path("format"));
+  for (const std::string& fmt_name : formats) {
+    HLM_CHECK(
+        fmt_name == "mxfp4-pack-quantized",
+        "{}: quantization format \"{}\" is not supported; valid: \"mxfp4-pack-quantized\" (routed experts)",
+        f.source(), fmt_name);
+  }
+  return true;
+}
+
+void read_k3(const Fields& f, const Fields* lac, ModelConfig& cfg) {
+  if (lac != nullptr) {
+    cfg.kda_gate_lower_bound = opt_number(*lac, "gate_lower_bound", 0.0);
+    HLM_CHECK(cfg.kda_gate_lower_bound <= 0,
+              "{}: `{}` must be negative (a lower bound on the log decay), got {}", f.source(),
+              lac->path("gate_lower_bound"), cfg.kda_gate_lower_bound);
+    cfg.kda_full_rank_gate = opt_bool(*lac, "use_full_rank_gate").value_or(false);
+  }
+  cfg.mla_output_gate = opt_bool(f, "mla_use_output_gate").value_or(false);
+  cfg.attn_res_block_size = opt_positive(f, "attn_res_block_size").value_or(0);
+  if (cfg.hidden_act == Activation::kSitu) {
+    cfg.situ_beta = req_positive_number(f, "activation_situ_beta", "for hidden_act \"situ\"");
+    cfg.situ_linear_beta = req_positive_number(f, "activation_situ_linear_beta", "for hidden_act \"situ\"");
+  }
+  if (cfg.num_moe_layers() > 0) {
+    cfg.moe_latent_size = opt_positive(f, "routed_expert_hidden_size").value_or(0);
+    cfg.moe_latent_norm = cfg.moe_latent_size > 0 && opt_bool(f, "latent_moe_use_norm").value_or(false);
+    cfg.mxfp4_experts = read_k3_quantization(f);
+    if (cfg.mxfp4_experts) {
+      const int64_t in_gate = cfg.moe_latent_size > 0 ? cfg.moe_latent_size : cfg.hidden_size;
+      HLM_CHECK(in_gate % 32 == 0 && cfg.moe_intermediate_size % 32 == 0,
+                "{}: MXFP4 experts need input widths divisible by 32 (routed expert input {}, "
+                "moe_intermediate_size {})",
+                f.source(), in_gate, cfg.moe_intermediate_size);
+    }
+  }
 }
 
 int64_t token_id(const Fields& f, const json& v, const std::string& name) {
@@ -535,6 +608,12 @@ ModelConfig parse_model_config(const json& doc, const std::string& source) {
   if (cfg.num_mla_layers() > 0) read_mla(f, cfg);
   if (cfg.num_moe_layers() > 0) read_moe(f, cfg);
   if (cfg.num_moe_layers() < cfg.num_layers) read_dense(f, cfg);
+  if (is_k3) {
+    read_k3(f, lac ? &*lac : nullptr, cfg);
+    if (opt_object(top, "vision_config") != nullptr) {
+      spdlog::info("{}: serving the text model only; the vision tower is not loaded", source);
+    }
+  }
   read_token_ids(f, cfg);
   return cfg;
 }

@@ -55,6 +55,17 @@ struct ModelConfig {
   bool moe_renormalize = true;
   double routed_scaling_factor = 1.0;
 
+  // Kimi K3 (docs/k3.md). The defaults are Kimi Linear's behaviour.
+  double kda_gate_lower_bound = 0;  // < 0: bounded forget gate lb·sigmoid(...)
+  bool kda_full_rank_gate = false;  // KDA output gate g_proj [D, hidden] instead of g_b(g_a(x))
+  bool mla_output_gate = false;     // MLA attn ⊙ sigmoid(g_proj(x)) before o_proj
+  int64_t attn_res_block_size = 0;  // > 0: block attention residuals with this block size
+  double situ_beta = 4.0;           // SiTU (hidden_act "situ")
+  double situ_linear_beta = 25.0;
+  int64_t moe_latent_size = 0;   // > 0: routed experts work in this latent width
+  bool moe_latent_norm = false;  // RMSNorm of the routed sum in the latent space
+  bool mxfp4_experts = false;    // routed experts stored as compressed-tensors MXFP4
+
   // Token ids (-1 when absent).
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;

@@ -37,9 +37,12 @@ class MoeLayer {
   Tensor gate_;  // [E, hidden], replicated
   Tensor bias_;  // [E]
   int64_t expert_begin_ = 0;
-  Tensor w_gate_;  // [E_local, I_local, hidden]
-  Tensor w_up_;    // [E_local, I_local, hidden]
-  Tensor w_down_;  // [E_local, hidden, I_local]
+  Tensor w_gate_;       // [E_local, I_local, width]; width = hidden, or the latent width (K3)
+  Tensor w_up_;         // [E_local, I_local, width]
+  Tensor w_down_;       // [E_local, width, I_local]
+  Tensor latent_down_;  // [latent, hidden] (K3 latent MoE)
+  Tensor latent_norm_;  // [latent]
+  Tensor latent_up_;    // [hidden, latent]
   bool has_shared_ = false;
   GluMlp shared_;
 };

@@ -6,6 +6,19 @@
 
 namespace hlm {
 
+namespace {
+
+// K3 pads A_log to a multiple of 128 entries; non-zero padding means the file is not what we think it is.
+void check_a_log_padding(const Tensor& tail, const std::string& name) {
+  const float* p = tail.data<float>();
+  for (int64_t i = 0; i < tail.numel(); ++i) {
+    HLM_CHECK(p[i] == 0.0f, "tensor '{}': padding entry {} past the KDA heads is {}, expected 0", name, i,
+              p[i]);
+  }
+}
+
+}  // namespace
+
 KdaLayer::KdaLayer(const LayerEnv& env, int layer, WeightReader& w) {
   const ModelConfig& c = env.cfg;
   Ops& ops = env.ops;
@@ -22,8 +35,13 @@ KdaLayer::KdaLayer(const LayerEnv& env, int layer, WeightReader& w) {
   f_a_ = ops.upload(w.read(k + "f_a"));
   f_b_ = ops.upload(w.read(k + "f_b"));
   b_proj_ = ops.upload(w.read(k + "b_proj"));
-  g_a_ = ops.upload(w.read(k + "g_a"));
-  g_b_ = ops.upload(w.read(k + "g_b"));
+  if (c.kda_full_rank_gate) {
+    g_proj_ = ops.upload(w.read(k + "g_proj"));
+  } else {
+    g_a_ = ops.upload(w.read(k + "g_a"));
+    g_b_ = ops.upload(w.read(k + "g_b"));
+  }
+  if (w.has(k + "a_log_tail")) check_a_log_padding(w.read(k + "a_log_tail"), w.spec(k + "a_log_tail").name);
   o_norm_ = ops.upload(w.read(k + "o_norm"));
   o_proj_ = ops.upload(w.read(k + "o_proj"));
   check_shape(qkv_, {3 * dl, c.hidden_size}, "KDA qkv");
@@ -54,14 +72,16 @@ Tensor KdaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext
   Tensor k = ops.slice_last(qkv, dl, 2 * dl).reshape({t, hl, hd});
   Tensor v = ops.slice_last(qkv, 2 * dl, 3 * dl).reshape({t, hl, hd});
 
-  Tensor graw = ops.linear(ops.linear(x, f_a_), f_b_);                         // [T, Dl]
-  Tensor g = ops.kda_gate(graw, a_log_, dt_bias_, 0.0f).reshape({t, hl, hd});  // [T, Hl, K]
-  Tensor beta = ops.sigmoid(ops.linear(x, b_proj_));                           // [T, Hl]
+  Tensor graw = ops.linear(ops.linear(x, f_a_), f_b_);  // [T, Dl]
+  const auto lower_bound = static_cast<float>(env.cfg.kda_gate_lower_bound);
+  Tensor g = ops.kda_gate(graw, a_log_, dt_bias_, lower_bound).reshape({t, hl, hd});  // [T, Hl, K]
+  Tensor beta = ops.sigmoid(ops.linear(x, b_proj_));                                  // [T, Hl]
 
   Tensor o = ctx.decode_only ? ops.kda_decode(q, k, v, g, beta, ctx.seqs, recurrent_state_)
                              : ops.kda_prefill(q, k, v, g, beta, ctx.seqs, recurrent_state_);  // [T, Hl, V]
 
-  Tensor gate = ops.linear(ops.linear(x, g_a_), g_b_).reshape({t, hl, hd});  // [T, Hl, V]
+  Tensor gate = (g_proj_.defined() ? ops.linear(x, g_proj_) : ops.linear(ops.linear(x, g_a_), g_b_))
+                    .reshape({t, hl, hd});  // [T, Hl, V]
   Tensor y = ops.gated_rms_norm(o, gate, o_norm_, static_cast<float>(env.cfg.rms_norm_eps));
   Tensor out = ops.linear(y.reshape({t, dl}), o_proj_);  // [T, hidden], this rank's partial sum
   env.comm.all_reduce_sum(out, CommGroup::kWorld);

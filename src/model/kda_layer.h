@@ -32,8 +32,9 @@ class KdaLayer {
   Tensor f_a_;              // [K, hidden]
   Tensor f_b_;              // [Dl, K]
   Tensor b_proj_;           // [Hl, hidden]
-  Tensor g_a_;              // [K, hidden]
+  Tensor g_a_;              // [K, hidden] (low-rank output gate)
   Tensor g_b_;              // [Dl, K]
+  Tensor g_proj_;           // [Dl, hidden] (K3: full-rank output gate)
   Tensor o_norm_;           // [K]
   Tensor o_proj_;           // [hidden, Dl]
   Tensor conv_state_;       // [slots, 3·Dl, W-1]

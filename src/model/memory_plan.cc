@@ -21,7 +21,7 @@ int64_t parameter_count(const ModelConfig& cfg) {
   std::set<std::string> seen;
   int64_t n = 0;
   for (const WeightSpec& s : weight_layout(cfg)) {
-    if (seen.insert(s.name).second) n += shape_numel(s.shape);
+    if (seen.insert(s.name).second) n += stored_parameters(s);
   }
   return n;
 }

@@ -25,7 +25,8 @@ struct RankWeightBytes {
 RankWeightBytes rank_weight_bytes(const ModelConfig& cfg, const Mapping& mapping,
                                   const StoredDType& dtype_of);
 
-// Parameters of the model: elements of every checkpoint tensor the model uses, each counted once.
+// Parameters of the model: elements of every checkpoint tensor the model uses, each counted once
+// (MXFP4 weights count their unpacked elements, not their bytes; group scales are not parameters).
 int64_t parameter_count(const ModelConfig& cfg);
 
 struct StateBytes {

@@ -32,6 +32,7 @@ MlaLayer::MlaLayer(const LayerEnv& env, int layer, WeightReader& w) {
   kv_a_norm_ = ops.upload(w.read(k + "kv_a_norm"));
   w_uk_ = ops.upload(w.read(k + "w_uk"));                   // [H/tp, nope, L]
   w_uv_ = ops.upload(transpose_last2(w.read(k + "w_uv")));  // [H/N, v, L] -> [H/N, L, v]
+  if (c.mla_output_gate) g_proj_ = ops.upload(w.read(k + "g_proj"));
   o_proj_ = ops.upload(w.read(k + "o_proj"));
   check_shape(w_uk_, {tp_heads_, c.qk_nope_head_dim, lat}, "MLA W_UK shard");
   check_shape(w_uv_, {chunk_heads_, lat, c.v_head_dim}, "MLA W_UV shard");
@@ -82,8 +83,9 @@ Tensor MlaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext
     context = ops.lse_combine(parts.reshape({cp, t, chunk_heads_, lat}),
                               part_stats.reshape({cp, t, chunk_heads_, 2}));  // [T, Hc, L]
   }
-  Tensor heads = ops.head_matmul(context, w_uv_);                                     // [T, H/N, v]
-  Tensor out = ops.linear(heads.reshape({t, chunk_heads_ * c.v_head_dim}), o_proj_);  // [T, hidden] partial
+  Tensor heads = ops.head_matmul(context, w_uv_).reshape({t, chunk_heads_ * c.v_head_dim});  // [T, H/N·v]
+  if (g_proj_.defined()) ops.sigmoid_gate_inplace(heads, ops.linear(x, g_proj_));
+  Tensor out = ops.linear(heads, o_proj_);  // [T, hidden] partial
   env.comm.all_reduce_sum(out, CommGroup::kWorld);
   return out;
 }

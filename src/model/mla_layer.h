@@ -34,6 +34,7 @@ class MlaLayer {
   Tensor kv_a_norm_;         // [L]
   Tensor w_uk_;              // [H/tp, nope, L]
   Tensor w_uv_;              // [H/N, L, v]
+  Tensor g_proj_;            // [H/N·v, hidden] (K3 output gate)
   Tensor o_proj_;            // [hidden, H/N·v]
   Tensor cache_;             // [pages, P, L + R]: normalized latent c | k_pe of the tokens this rank owns
 };

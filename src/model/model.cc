@@ -39,13 +39,16 @@ Model::Model(const ModelConfig& cfg, const Mapping& mapping, Ops& ops, Comm& com
   for (int i = 0; i < cfg_.num_layers; ++i) {
     layers_.push_back(Layer{ops_.upload(w.read(fmt::format("layers.{}.input_norm", i))),
                             ops_.upload(w.read(fmt::format("layers.{}.post_attn_norm", i))),
-                            make_attention(e, i, w), make_ffn(e, i, w)});
+                            make_attention(e, i, w), make_ffn(e, i, w),
+                            read_attn_res(w, fmt::format("layers.{}.attn_res", i)),
+                            read_attn_res(w, fmt::format("layers.{}.mlp_res", i))});
     if (Clock::now() - last_report > std::chrono::seconds(2)) {
       last_report = Clock::now();
       spdlog::info("loading weights: layer {}/{}, {:.2f} GB read", i + 1, cfg_.num_layers,
                    static_cast<double>(w.bytes_read() - bytes_before) / 1e9);
     }
   }
+  output_res_ = read_attn_res(w, "output_res");
   final_norm_ = ops_.upload(w.read("final_norm"));
   lm_head_ = ops_.upload(w.read("lm_head"));
   weight_bytes_read_ = w.bytes_read() - bytes_before;
@@ -77,18 +80,61 @@ int64_t Model::kda_state_bytes_per_slot() const {
   return bytes;
 }
 
-Tensor Model::forward(const StepContext& ctx) {
+Model::AttnResWeights Model::read_attn_res(WeightReader& w, const std::string& key) {
+  if (cfg_.attn_res_block_size == 0) return {};
+  // The projection is stored [1, hidden]; the op takes it as a vector.
+  return AttnResWeights{ops_.upload(w.read(key + "_norm")),
+                        ops_.upload(w.read(key + "_proj").reshape({cfg_.hidden_size}))};
+}
+
+Tensor Model::attention(Layer& l, const Tensor& h, const StepContext& ctx) {
   const LayerEnv e = env();
+  Tensor x = ops_.rms_norm(h, l.input_norm, static_cast<float>(cfg_.rms_norm_eps));  // [T, hidden]
+  return std::visit([&](auto& attn) { return attn.forward(e, x, ctx); }, l.attn);
+}
+
+Tensor Model::feed_forward(Layer& l, const Tensor& h) {
+  const LayerEnv e = env();
+  Tensor x = ops_.rms_norm(h, l.post_attn_norm, static_cast<float>(cfg_.rms_norm_eps));  // [T, hidden]
+  return std::visit([&](auto& ffn) { return ffn.forward(e, x); }, l.ffn);
+}
+
+Tensor Model::residual_stack(Tensor h, const StepContext& ctx) {
+  for (Layer& l : layers_) {
+    ops_.add_inplace(h, attention(l, h, ctx));
+    ops_.add_inplace(h, feed_forward(l, h));
+  }
+  return h;
+}
+
+Tensor Model::attn_res_stack(Tensor running, const StepContext& ctx) {
+  const auto eps = static_cast<float>(cfg_.rms_norm_eps);
+  std::vector<Tensor> snapshots;  // residual snapshots, one per block of layers
+  auto mix = [&](const AttnResWeights& w, const Tensor& current) {
+    std::vector<Tensor> candidates = snapshots;
+    candidates.push_back(current);
+    return ops_.attn_res(candidates, w.proj, w.norm, eps);  // [T, hidden]
+  };
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Layer& l = layers_[i];
+    const Tensor input = snapshots.empty() ? running : mix(l.attn_res, running);
+    Tensor a = attention(l, input, ctx);
+    if (i % static_cast<size_t>(cfg_.attn_res_block_size) == 0) {
+      // A new block: the running sum becomes a snapshot and the block's sum restarts from this layer.
+      snapshots.push_back(running);
+      running = a;
+    } else {
+      ops_.add_inplace(running, a);
+    }
+    ops_.add_inplace(running, feed_forward(l, mix(l.mlp_res, running)));
+  }
+  return mix(output_res_, running);
+}
+
+Tensor Model::forward(const StepContext& ctx) {
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   Tensor h = ops_.embedding(embed_, ctx.token_ids);  // [T, hidden]
-  for (Layer& l : layers_) {
-    Tensor x = ops_.rms_norm(h, l.input_norm, eps);  // [T, hidden]
-    Tensor a = std::visit([&](auto& attn) { return attn.forward(e, x, ctx); }, l.attn);
-    ops_.add_inplace(h, a);
-    x = ops_.rms_norm(h, l.post_attn_norm, eps);
-    Tensor f = std::visit([&](auto& ffn) { return ffn.forward(e, x); }, l.ffn);
-    ops_.add_inplace(h, f);
-  }
+  h = cfg_.attn_res_block_size > 0 ? attn_res_stack(h, ctx) : residual_stack(h, ctx);
   Tensor last = ops_.rms_norm(ops_.gather_rows(h, ctx.logit_rows), final_norm_, eps);  // [R, hidden]
   Tensor logits = ops_.linear(last, lm_head_);                                         // [R, vocab / N]
   const int64_t rows = last.dim(0);

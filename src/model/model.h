@@ -1,6 +1,7 @@
 // Model: the Kimi Linear decoder (docs/MODEL.md §8.1) for one rank of a Mapping: embedding, the layer
-// stack (KDA or MLA attention, dense or MoE FFN, pre-norm residuals) and the final norm + lm_head
-// (vocab-parallel over N, gathered so every rank holds identical logits).
+// stack (KDA or MLA attention, dense or MoE FFN, pre-norm residuals, or K3's block attention residuals,
+// §8.2) and the final norm + lm_head (vocab-parallel over N, gathered so every rank holds identical
+// logits).
 #pragma once
 
 #include <memory>
@@ -34,12 +35,27 @@ class Model {
   int64_t kda_state_bytes_per_slot() const;
 
  private:
+  // The mixing weights of one AttnRes point (K3).
+  struct AttnResWeights {
+    Tensor norm;  // [hidden]
+    Tensor proj;  // [hidden]
+  };
   struct Layer {
     Tensor input_norm;      // [hidden]
     Tensor post_attn_norm;  // [hidden]
     std::variant<KdaLayer, MlaLayer> attn;
     std::variant<DenseLayer, MoeLayer> ffn;
+    AttnResWeights attn_res;  // before the attention (K3)
+    AttnResWeights mlp_res;   // before the FFN (K3)
   };
+
+  Tensor attention(Layer& l, const Tensor& h, const StepContext& ctx);
+  Tensor feed_forward(Layer& l, const Tensor& h);
+  // The layer stack over the embeddings: plain pre-norm residuals, or block attention residuals. Both
+  // return the hidden state that enters the final norm. [T, hidden]
+  Tensor residual_stack(Tensor h, const StepContext& ctx);
+  Tensor attn_res_stack(Tensor h, const StepContext& ctx);
+  AttnResWeights read_attn_res(WeightReader& w, const std::string& key);
 
   LayerEnv env() { return LayerEnv{cfg_, mapping_, ops_, comm_}; }
 
@@ -49,8 +65,9 @@ class Model {
   Comm& comm_;
   Tensor embed_;  // [vocab, hidden]
   std::vector<Layer> layers_;
-  Tensor final_norm_;  // [hidden]
-  Tensor lm_head_;     // [vocab / N, hidden]
+  AttnResWeights output_res_;  // K3
+  Tensor final_norm_;          // [hidden]
+  Tensor lm_head_;             // [vocab / N, hidden]
   size_t weight_bytes_read_ = 0;
 };
 

@@ -27,10 +27,12 @@ enum class WeightCategory {
   kDenseMlp,
   kRouter,
   kRoutedExperts,
-  kSharedExperts
+  kSharedExperts,
+  kLatentMoe,  // K3: the projections around the routed experts
+  kAttnRes,    // K3: block attention residual weights
 };
 const char* weight_category_name(WeightCategory c);
-constexpr int kNumWeightCategories = 9;
+constexpr int kNumWeightCategories = 11;
 
 // Which rank index splits `split_dim` of the view, evenly.
 enum class ShardBy {
@@ -48,7 +50,12 @@ struct WeightSpec {
   Shape view;                          // reshape used for the box (empty: shape)
   int split_dim = 0;
   ShardBy by = ShardBy::kNone;
-  std::vector<std::pair<int, std::pair<int64_t, int64_t>>> fixed;  // (view dim, [begin, end)) always taken
+  // (view dim, [begin, end)) always taken; a split of the same dim divides this range.
+  std::vector<std::pair<int, std::pair<int64_t, int64_t>>> fixed;
+  // How stored elements relate to model parameters: MXFP4 codes hold two parameters per byte, their
+  // group scales are not parameters.
+  enum class Storage { kPlain, kMxfp4Codes, kMxfp4Scales };
+  Storage storage = Storage::kPlain;
   int64_t expert = -1;      // routed expert index: held only by the EP rank owning it
   int64_t num_experts = 0;  // the layer's routed experts (with `expert`)
   WeightCategory category = WeightCategory::kNorm;
@@ -64,5 +71,8 @@ std::optional<TensorBox> rank_box(const WeightSpec& spec, const Mapping& m);
 
 // Elements inside a box of `spec` (the whole tensor when `box` is empty).
 int64_t box_numel(const WeightSpec& spec, const TensorBox& box);
+
+// Model parameters a stored tensor of `spec` holds (its elements, unpacked for MXFP4 codes).
+int64_t stored_parameters(const WeightSpec& spec);
 
 }  // namespace hlm

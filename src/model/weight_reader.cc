@@ -44,4 +44,11 @@ Tensor WeightReader::read(const std::string& key) {
   return ckpt_.read_f32(stored_name(s), s.shape, *box);
 }
 
+Tensor WeightReader::read_raw(const std::string& key) {
+  const WeightSpec& s = spec(key);
+  std::optional<TensorBox> box = rank_box(s, mapping_);
+  HLM_CHECK(box.has_value(), "rank {} holds no part of '{}'", mapping_.rank, s.name);
+  return ckpt_.read_raw(stored_name(s), s.shape, *box);
+}
+
 }  // namespace hlm

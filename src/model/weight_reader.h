@@ -18,6 +18,10 @@ class WeightReader {
 
   // This rank's box of the weight `key`, as F32.
   Tensor read(const std::string& key);
+  // The same in the stored dtype (e.g. U8 for packed MXFP4).
+  Tensor read_raw(const std::string& key);
+  // Whether the layout has a weight `key` (K3-only weights are absent from Kimi Linear layouts).
+  bool has(const std::string& key) const { return specs_.count(key) != 0; }
   // Whether this rank holds any of `key` (routed experts live on one EP rank).
   bool holds(const std::string& key) const;
   const WeightSpec& spec(const std::string& key) const;

@@ -76,6 +76,13 @@ class Ops {
   // act(gate) · up, elementwise; gate, up [T, I].
   virtual Tensor glu(const Tensor& gate, const Tensor& up, const ActivationParams& act) = 0;
   virtual Tensor sigmoid(const Tensor& x) = 0;
+  // y ⊙= sigmoid(gate), elementwise, same shape (K3's MLA output gate).
+  virtual void sigmoid_gate_inplace(Tensor& y, const Tensor& gate) = 0;
+  // Block attention residual mixing (K3 AttnRes, docs/MODEL.md §8.2), per token in fp32: each candidate
+  // v [T, D] scores Σ_d rmsnorm(v)[d]·norm[d]·proj[d] (eps inside the rsqrt, no weight in the norm); the
+  // result is Σ_c softmax_c(score)·v_c of the raw candidates. proj, norm [D].
+  virtual Tensor attn_res(const std::vector<Tensor>& candidates, const Tensor& proj, const Tensor& norm,
+                          float eps) = 0;
   // x [T, H, a], w [H, a, b] -> y[t, h] = x[t, h]·w[h]  [T, H, b]
   virtual Tensor head_matmul(const Tensor& x, const Tensor& w) = 0;
   // Columns [begin, end) of the last dimension. x [..., C] -> [..., end - begin]

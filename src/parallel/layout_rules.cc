@@ -59,6 +59,13 @@ std::vector<std::string> layout_violations(const ModelConfig& cfg, const LayoutR
     } else {
       require_divides(out, cfg.num_experts, ep, "the routed expert count", "--moe-ep");
       require_divides(out, cfg.moe_intermediate_size, mtp, "the expert intermediate size", "--moe-tp");
+      if (cfg.mxfp4_experts && mtp > 1 && (cfg.moe_intermediate_size / mtp) % 32 != 0) {
+        out.push_back(
+            fmt::format("with MXFP4 experts each --moe-tp shard of the intermediate size ({} / {}) must hold "
+                        "whole groups of "
+                        "32 columns",
+                        cfg.moe_intermediate_size, mtp));
+      }
     }
     if (cfg.num_shared_experts > 0) {
       require_divides(out, cfg.shared_intermediate_size(), n, "the shared-expert intermediate size", "tp*cp");
@@ -77,18 +84,23 @@ std::vector<std::pair<int, int>> valid_layouts(const ModelConfig& cfg, int world
   return out;
 }
 
+std::string describe_valid_sizes(const ModelConfig& cfg, int64_t tokens_per_block, int max_world) {
+  std::vector<int> sizes;
+  for (int n = 1; n <= max_world; ++n) {
+    if (!valid_layouts(cfg, n, tokens_per_block).empty()) sizes.push_back(n);
+  }
+  if (sizes.empty()) return "no layout of up to " + std::to_string(max_world) + " ranks works for this model";
+  return fmt::format(
+      "layouts that work: tp*cp = {} ranks (any --tp x --cp with that product, e.g. --tp 1 --cp {})",
+      fmt::join(sizes, ", "), sizes.back());
+}
+
 void check_layout(const ModelConfig& cfg, const LayoutRequest& req) {
   const std::vector<std::string> v = layout_violations(cfg, req);
   if (v.empty()) return;
   std::string msg = fmt::format("layout tp={} cp={} is not valid for {}:", req.tp, req.cp, cfg.source);
   for (const std::string& s : v) msg += "\n  - " + s;
-  const int n = std::max(1, req.tp) * std::max(1, req.cp);
-  std::vector<std::string> ok;
-  for (auto [tp, cp] : valid_layouts(cfg, n, std::max<int64_t>(1, req.tokens_per_block))) {
-    ok.push_back(fmt::format("--tp {} --cp {}", tp, cp));
-  }
-  msg += ok.empty() ? fmt::format("\nno layout of {} ranks works for this model", n)
-                    : fmt::format("\nlayouts of {} ranks that work: {}", n, fmt::join(ok, "; "));
+  msg += "\n" + describe_valid_sizes(cfg, std::max<int64_t>(1, req.tokens_per_block));
   HLM_FAIL("{}", msg);
 }
 

@@ -25,7 +25,11 @@ std::vector<std::string> layout_violations(const ModelConfig& cfg, const LayoutR
 // All (tp, cp) with tp·cp = world that satisfy the rules (default MoE split).
 std::vector<std::pair<int, int>> valid_layouts(const ModelConfig& cfg, int world, int64_t tokens_per_block);
 
-// Throws one hlm::Error listing every violation and the valid layouts of the same size.
+// The rules depend on tp·cp (and the MoE split), not on how it factors, so what a user needs after a
+// refusal is the list of group sizes that work: "1, 2, 4, 8 ranks (any --tp x --cp with that product)".
+std::string describe_valid_sizes(const ModelConfig& cfg, int64_t tokens_per_block, int max_world = 64);
+
+// Throws one hlm::Error listing every violation and the group sizes that work.
 void check_layout(const ModelConfig& cfg, const LayoutRequest& req);
 
 }  // namespace hlm

@@ -19,7 +19,7 @@ class Writer {
   template <class T>
   void put_vector(const std::vector<T>& v) {
     put<uint64_t>(v.size());
-    out_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+    if (!v.empty()) out_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
   }
   std::string take() { return std::move(out_); }
 
@@ -43,7 +43,7 @@ class Reader {
     const auto n = get<uint64_t>();
     need(n * sizeof(T));
     std::vector<T> v(n);
-    std::memcpy(v.data(), in_.data() + pos_, n * sizeof(T));
+    if (n > 0) std::memcpy(v.data(), in_.data() + pos_, n * sizeof(T));
     pos_ += n * sizeof(T);
     return v;
   }

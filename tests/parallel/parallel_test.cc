@@ -144,7 +144,9 @@ TEST_P(Helix, WarmupLeavesLiveResultsUnchanged) {
     logits.push_back(sequence_logits(*e, 3, ids, static_cast<int64_t>(p.ids.size()), 50));
     e->stop();
   }
-  if (driver()) EXPECT_EQ(max_abs_diff(logits[0], logits[1]), 0.0f);
+  if (driver()) {
+    EXPECT_EQ(max_abs_diff(logits[0], logits[1]), 0.0f);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Helix, ::testing::ValuesIn(golden_case_names()), [](const auto& info) {

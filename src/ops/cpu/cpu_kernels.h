@@ -50,6 +50,7 @@ void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const fl
 
 // --- ops implemented in their own files ----------------------------------------------------------------
 // kda_conv_gate.cc
+Tensor attn_res(const std::vector<Tensor>& candidates, const Tensor& proj, const Tensor& norm, float eps);
 Tensor short_conv(const Tensor& x, const Tensor& w, const std::vector<SeqSpan>& seqs, Tensor& state);
 Tensor kda_gate(const Tensor& graw, const Tensor& a_log, const Tensor& dt_bias, float lower_bound);
 Tensor gated_rms_norm(const Tensor& o, const Tensor& gate, const Tensor& w, float eps);

@@ -160,6 +160,22 @@ class CpuOps final : public Ops {
     return y;
   }
 
+  void sigmoid_gate_inplace(Tensor& y, const Tensor& gate) override {
+    expect_host(y, "sigmoid_gate_inplace", "y");
+    expect_host(gate, "sigmoid_gate_inplace", "gate");
+    HLM_CHECK(y.dtype() == DType::kF32 && gate.dtype() == DType::kF32,
+              "sigmoid_gate_inplace: y and gate must be F32, got {} and {}", y.describe(), gate.describe());
+    expect_same_shape(y, gate, "sigmoid_gate_inplace", "y", "gate", "[...]");
+    float* yp = y.data<float>();
+    const float* gp = gate.data<float>();
+    const int64_t n = y.numel();
+#pragma omp parallel for
+    for (int64_t i = 0; i < n; ++i) yp[i] *= cpu::logistic(gp[i]);
+  }
+  Tensor attn_res(const std::vector<Tensor>& candidates, const Tensor& proj, const Tensor& norm,
+                  float eps) override {
+    return cpu::attn_res(candidates, proj, norm, eps);
+  }
   Tensor sigmoid(const Tensor& x) override {
     expect_host(x, "sigmoid", "x");
     HLM_CHECK(x.dtype() == DType::kF32, "sigmoid: x must be F32, got {}", x.describe());

@@ -327,6 +327,8 @@ json k3_wrapper(json text) {
 TEST(ModelConfig, KimiK3ReadsTextConfig) {
   json text = test::moonshot_48b();
   text["hidden_act"] = "situ";
+  text["activation_situ_beta"] = 4.0;
+  text["activation_situ_linear_beta"] = 25.0;
   text["quantization_config"] = {{"quant_method", "compressed-tensors"}, {"format", "mxfp4-pack-quantized"}};
   text["mla_use_output_gate"] = true;
   text["attn_res_block_size"] = 12;
@@ -336,6 +338,41 @@ TEST(ModelConfig, KimiK3ReadsTextConfig) {
   EXPECT_EQ(cfg.hidden_act, Activation::kSitu);
   EXPECT_EQ(layers_of(cfg.attn, AttnKind::kMla), (std::vector<int>{3, 7, 11, 15, 19, 23, 26}));
   EXPECT_EQ(cfg.kda_heads, 32);
+  EXPECT_TRUE(cfg.mla_output_gate);
+  EXPECT_EQ(cfg.attn_res_block_size, 12);
+  EXPECT_TRUE(cfg.mxfp4_experts);
+}
+
+TEST(ModelConfig, PublishedKimiK3Config) {
+  const ModelConfig cfg = load_model_config(std::string(HLM_FIXTURES_DIR) + "/configs/kimi-k3.json");
+  EXPECT_EQ(cfg.num_layers, 93);
+  EXPECT_EQ(cfg.num_kda_layers(), 69);
+  EXPECT_EQ(cfg.num_mla_layers(), 24);
+  EXPECT_EQ(cfg.attn[91], AttnKind::kMla);  // the last two layers are both MLA
+  EXPECT_EQ(cfg.attn[92], AttnKind::kMla);
+  EXPECT_EQ(cfg.kda_heads, 96);
+  EXPECT_EQ(cfg.kda_gate_lower_bound, -5.0);
+  EXPECT_TRUE(cfg.kda_full_rank_gate);
+  EXPECT_EQ(cfg.q_lora_rank, 1536);
+  EXPECT_EQ(cfg.moe_latent_size, 3584);
+  EXPECT_TRUE(cfg.moe_latent_norm);
+  EXPECT_EQ(cfg.situ_beta, 4.0);
+  EXPECT_EQ(cfg.situ_linear_beta, 25.0);
+  EXPECT_EQ(cfg.shared_intermediate_size(), 6144);
+}
+
+TEST(ModelConfig, KimiK3RejectsOtherQuantization) {
+  json text = test::moonshot_48b();
+  text["quantization_config"] = {{"quant_method", "compressed-tensors"}, {"format", "nvfp4-pack-quantized"}};
+  std::string msg = parse_error(k3_wrapper(text));
+  EXPECT_NE(msg.find("nvfp4-pack-quantized"), std::string::npos) << msg;
+  text["quantization_config"] = {{"quant_method", "fp8"}};
+  msg = parse_error(k3_wrapper(text));
+  EXPECT_NE(msg.find("text_config.quantization_config.quant_method"), std::string::npos) << msg;
+  text = test::moonshot_48b();
+  text["linear_attn_config"]["gate_lower_bound"] = 5.0;
+  msg = parse_error(k3_wrapper(text));
+  EXPECT_NE(msg.find("gate_lower_bound` must be negative"), std::string::npos) << msg;
 }
 
 TEST(ModelConfig, KimiK3ErrorsNameTextConfigFields) {

@@ -1,6 +1,9 @@
 // Memory and dense ops of the CPU backend against reference loops in double.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include <cmath>
 
 #include "base/half.h"
@@ -218,6 +221,49 @@ TEST_F(DenseOps, FillZeroClearsOnlyTheView) {
     EXPECT_NE(x.data<float>()[j], 0.0f);
     EXPECT_NE(x.data<float>()[8 + j], 0.0f);
   }
+}
+
+TEST_F(DenseOps, SigmoidGateInplace) {
+  Tensor y = random_tensor({3, 5}, rng);
+  Tensor g = random_tensor({3, 5}, rng, -4.0f, 4.0f);
+  std::vector<double> ref = test::to_double(y);
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] /= 1.0 + std::exp(-static_cast<double>(g.data<float>()[i]));
+  ops->sigmoid_gate_inplace(y, g);
+  EXPECT_TRUE(all_close(y, ref, 1e-6));
+  Tensor bad = random_tensor({5, 3}, rng);
+  EXPECT_THROW(ops->sigmoid_gate_inplace(y, bad), Error);
+}
+
+TEST_F(DenseOps, AttnResMixesRawCandidatesBySoftmaxOfNormedScores) {
+  const int64_t t = 4, d = 6;
+  std::vector<Tensor> cands = {random_tensor({t, d}, rng, -3, 3), random_tensor({t, d}, rng),
+                               random_tensor({t, d}, rng)};
+  Tensor proj = random_tensor({d}, rng), norm = random_tensor({d}, rng, 0.5f, 1.5f);
+  const float eps = 1e-5f;
+  std::vector<double> ref(t * d);
+  for (int64_t r = 0; r < t; ++r) {
+    std::vector<double> score;
+    for (const Tensor& c : cands) {
+      const float* v = c.data<float>() + r * d;
+      double ms = 0, dot = 0;
+      for (int64_t k = 0; k < d; ++k) ms += static_cast<double>(v[k]) * v[k] / d;
+      for (int64_t k = 0; k < d; ++k)
+        dot += v[k] / std::sqrt(ms + eps) * norm.data<float>()[k] * proj.data<float>()[k];
+      score.push_back(dot);
+    }
+    double mx = *std::max_element(score.begin(), score.end()), z = 0;
+    for (double& s : score) z += (s = std::exp(s - mx));
+    for (int64_t k = 0; k < d; ++k) {
+      for (size_t c = 0; c < cands.size(); ++c)
+        ref[r * d + k] += score[c] / z * cands[c].data<float>()[r * d + k];
+    }
+  }
+  EXPECT_TRUE(all_close(ops->attn_res(cands, proj, norm, eps), ref, 1e-6));
+  // A single candidate is returned as it is, whatever the weights.
+  Tensor one = ops->attn_res({cands[0]}, proj, norm, eps);
+  EXPECT_TRUE(all_close(one, test::to_double(cands[0]), 1e-6));
+  EXPECT_THROW(ops->attn_res({}, proj, norm, eps), Error);
+  EXPECT_THROW(ops->attn_res({cands[0], random_tensor({t, d + 1}, rng)}, proj, norm, eps), Error);
 }
 
 }  // namespace
