@@ -20,23 +20,35 @@ tests compare against:
 A fixture may also get a `<fixture>-moonshot/` twin: the same weights (relative symlink) with a Hub-style
 (Moonshot) config.json, to test that config parser.
 
+Kimi K3 fixtures (k3-*): transformers has no K3 model, so their reference is tools/k3_reference.py (transformers'
+kimi_linear blocks plus the K3 deltas of docs/k3.md). Their config.json is K3's nested one (model_type "kimi_k3",
+the text model in text_config with 1-based layer lists), written here; model.safetensors has the `language_model.`
+prefix, bf16 weights except the f32 ones K3 stores in f32 (conv, o_norm, A_log padded to 128, dt_bias,
+e_score_correction_bias), MXFP4 routed experts (quantized here, the reference computes with the dequantized values)
+and two tiny vision tensors the engine must skip. Greedy ids come from repeated full forwards (no cache), and
+hidden_<i>.npy holds the embeddings and, after each layer, AttnRes's running block sum P (MODEL.md §8.2).
+
 How: each model is built with fixed seeds, saved in bf16 with save_pretrained, and reloaded in fp32 so the
 reference computes in fp32 from exactly the weights in the file. It runs on CPU in pure PyTorch (eager attention,
 eager experts; the `fla` / hub `kernels` packages must not be installed). The min_route_margin of a fixture (smallest
 gap between the last selected and the first rejected expert or group) must be at least MIN_ROUTE_MARGIN, because
 the engine computes the same router scores with a different summation order; a fixture whose margin is too small
-is rebuilt with the next seed.
+is rebuilt with the next seed. With ~1000 routing decisions per fixture most seeds miss the margin somewhere, so a
+seed is first screened on passes over the prompts alone (cheap, no greedy decoding): their tokens are routed the same
+way in the final pass, whose margin can only be smaller.
 
-Rerun (takes well under a minute on CPU; the output is deterministic; with the default --out it also points the
+Rerun (takes about a minute on CPU; the output is deterministic; with the default --out it also points the
 bundled model models/kimi-linear-tiny at the first fixture):
     python3 tools/make_golden.py [--out tests/fixtures]
 To add a fixture, append a FixtureSpec to FIXTURES.
 """
 
 import argparse
+import copy
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import shutil
 import time
@@ -46,12 +58,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import transformers
+from safetensors.torch import save_file
 from transformers import KimiLinearConfig, KimiLinearForCausalLM
 from transformers.models.kimi_linear.modeling_kimi_linear import (
     KimiLinearRMSNorm,
     KimiLinearRMSNormGated,
     KimiLinearTopkRouter,
 )
+
+import k3_reference
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures"
@@ -62,7 +77,7 @@ PROMPT_LENGTHS = (1, 37, 150)  # 150 > 128 and not a multiple of the 64-token ch
 NEW_TOKENS = 24
 FIRST_PROMPT_ID = 3  # prompts avoid pad (0), bos (1) and eos (2)
 MIN_ROUTE_MARGIN = 1e-4
-SEED_ATTEMPTS = 20
+SEED_ATTEMPTS = 100
 ARGMAX_CHECK_MARGIN = 1e-3
 MAX_FIXTURES_BYTES = 12 * 1024 * 1024
 OPTIONAL_KERNEL_PACKAGES = ("fla", "kernels", "causal_conv1d")
@@ -100,14 +115,85 @@ COMMON_DIMS = dict(
 
 KDA, MLA = "linear_attention", "full_attention"
 DENSE, MOE = "dense", "sparse"
+ReferenceModel = KimiLinearForCausalLM | k3_reference.K3ForCausalLM
+
+# Kimi K3 (docs/k3.md): the text_config of every K3 fixture before its FixtureSpec.config. Same dims as COMMON_DIMS
+# plus q-LoRA, a latent width of 32 for the routed experts and K3's features. The AttnRes projections get their own
+# std. AttnRes amplifies fp32 rounding: a score error moves softmax weight between candidates whose magnitudes differ
+# by 10-20x in these tiny random models. With std 0.2 (mean top weight ~0.7) the logits of an fp32 run differ from an
+# fp64 run by up to ~2e-4, above the 1e-4 the multi-rank parity tests demand, so rounding could not be told from a
+# bug; std 0.06 keeps the softmax clearly non-uniform (as in K3, whose mixing logits sit close together) with an fp32
+# noise floor near 5e-5.
+K3_LINEAR_ATTN = dict(
+    num_heads=8, head_dim=16, short_conv_kernel_size=4, gate_lower_bound=-5.0, use_full_rank_gate=True
+)
+K3_QUANTIZATION_CONFIG = {
+    "quant_method": "compressed-tensors",
+    "format": "mxfp4-pack-quantized",
+    "config_groups": {
+        "group_0": {
+            "format": "mxfp4-pack-quantized",
+            "targets": ["Linear"],
+            "weights": {"num_bits": 4, "type": "float", "strategy": "group", "group_size": 32, "symmetric": True},
+        }
+    },
+    "ignore": [
+        "lm_head",
+        "re:.*self_attn.*",
+        "re:.*shared_experts.*",
+        "re:.*mlp\\.(gate|up|down)_proj.*",
+        "re:.*routed_expert_.*",
+        "re:.*block_sparse_moe.gate.*",
+        "re:.*vision_tower.*",
+        "re:.*mm_projector.*",
+    ],
+}
+K3_TEXT_CONFIG = dict(
+    model_type="kimi_linear",
+    vocab_size=512,
+    hidden_size=64,
+    num_attention_heads=8,
+    num_key_value_heads=8,
+    q_lora_rank=32,
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=16,
+    mla_use_nope=True,
+    mla_use_output_gate=True,
+    intermediate_size=128,
+    first_k_dense_replace=1,
+    moe_layer_freq=1,
+    num_experts=16,
+    num_experts_per_token=4,
+    moe_intermediate_size=32,
+    routed_expert_hidden_size=32,
+    latent_moe_use_norm=True,
+    moe_router_activation_func="sigmoid",
+    topk_method="noaux_tc",
+    use_grouped_topk=True,
+    hidden_act="situ",
+    activation_situ_beta=4.0,
+    activation_situ_linear_beta=25.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+    quantization_config=K3_QUANTIZATION_CONFIG,
+)
+ATTN_RES_PROJ_STD = 0.06
+K3_FP32_TENSORS = ("_conv1d.weight", "o_norm.weight", "A_log", "dt_bias", "e_score_correction_bias")  # name suffixes
+K3_EXTRA_TENSORS = ("vision_tower.patch_embed.weight", "mm_projector.proj.weight")  # [4, 4] bf16, not text
 
 
 @dataclasses.dataclass(frozen=True)
 class FixtureSpec:
     name: str
     seed: int  # first seed tried; later ones are seed + 1, seed + 2, ... (see MIN_ROUTE_MARGIN)
-    config: dict  # KimiLinearConfig arguments on top of COMMON_DIMS
+    config: dict  # KimiLinearConfig arguments on top of COMMON_DIMS (K3: text_config fields on top of K3_TEXT_CONFIG)
     moonshot_twin: bool = False  # also write <name>-moonshot/ with a Hub-style config.json
+    k3: bool = False  # a Kimi K3 fixture, computed by tools/k3_reference.py
 
 
 FIXTURES = [
@@ -156,6 +242,36 @@ FIXTURES = [
             num_experts_per_token=3,
             num_shared_experts=1,
         ),
+    ),
+    FixtureSpec(
+        name="k3-tiny",
+        seed=4000,
+        config=dict(
+            num_hidden_layers=6,
+            linear_attn_config=dict(K3_LINEAR_ATTN, kda_layers=[1, 2, 4], full_attn_layers=[3, 5, 6]),
+            num_expert_group=1,
+            topk_group=1,
+            moe_renormalize=True,
+            routed_scaling_factor=1.0,
+            num_shared_experts=2,
+            attn_res_block_size=2,
+        ),
+        k3=True,
+    ),
+    FixtureSpec(
+        name="k3-tiny-grouped",
+        seed=5000,
+        config=dict(
+            num_hidden_layers=5,
+            linear_attn_config=dict(K3_LINEAR_ATTN, kda_layers=[2, 3], full_attn_layers=[1, 4, 5]),
+            num_expert_group=4,
+            topk_group=2,
+            moe_renormalize=False,
+            routed_scaling_factor=1.5,
+            num_shared_experts=1,
+            attn_res_block_size=3,
+        ),
+        k3=True,
     ),
 ]
 
@@ -217,6 +333,121 @@ def save_and_reload(model: KimiLinearForCausalLM, directory: Path) -> KimiLinear
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# Kimi K3: config.json, random checkpoint with MXFP4 routed experts, reference loaded back by tools/k3_reference.py
+
+
+def make_k3_config(spec: FixtureSpec) -> dict:
+    """K3's nested config.json (docs/k3.md "config.json", MODEL.md §2.3): the text model in text_config."""
+    return {
+        "model_type": "kimi_k3",
+        "architectures": ["KimiK3ForConditionalGeneration"],
+        "media_placeholder_token_id": 163605,
+        "text_config": copy.deepcopy(K3_TEXT_CONFIG) | copy.deepcopy(spec.config),
+        "vision_config": {"model_type": "kimi_k3_vision", "hidden_size": 16},
+    }
+
+
+def init_k3_weights(model: k3_reference.K3ForCausalLM) -> None:
+    """The spirit of build_random_model: INITIALIZER_RANGE for projections, embeddings and convs, a spread-out
+    router, random norm weights, AttnRes projections with ATTN_RES_PROJ_STD, and transformers' FLA-style init of
+    A_log (log of uniform [1, 16], first H entries; the padding stays zero) and dt_bias (inverse softplus of a
+    log-uniform dt in [1e-3, 1e-1])."""
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, KimiLinearTopkRouter):
+                module.weight.normal_(0.0, ROUTER_WEIGHT_STD)
+                module.e_score_correction_bias.normal_(0.0, ROUTER_BIAS_STD)
+            elif isinstance(module, (KimiLinearRMSNorm, KimiLinearRMSNormGated, k3_reference.AttnResNorm)):
+                module.weight.normal_(1.0, NORM_WEIGHT_STD)
+            elif isinstance(module, torch.nn.Linear) and name.endswith("_res_proj"):
+                module.weight.normal_(0.0, ATTN_RES_PROJ_STD)
+            elif isinstance(module, (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d)):
+                module.weight.normal_(0.0, INITIALIZER_RANGE)
+            elif isinstance(module, k3_reference.K3DeltaAttention):
+                module.A_log.zero_()
+                module.A_log[: module.num_heads] = torch.empty(module.num_heads).uniform_(1.0, 16.0).log()
+                dt = torch.empty_like(module.dt_bias).uniform_(math.log(1e-3), math.log(1e-1)).exp().clamp_min(1e-4)
+                module.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+
+
+def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp32 [R, C] -> (weight_packed [R, C/2] u8, weight_scale [R, C/32] u8, the fp32 values they encode).
+
+    Per group of 32 columns the UE8M0 exponent s is the smallest with max|w| / 2^(s - 127) <= 6 (the largest e2m1
+    magnitude); each w / 2^(s - 127) goes to the nearest e2m1 magnitude (ties to the smaller one), the sign in bit 3
+    (left clear for zero). Two codes per byte, the even column in the low nibble (docs/k3.md "MXFP4").
+    """
+    group, magnitudes = k3_reference.MXFP4_GROUP, torch.tensor(k3_reference.E2M1_MAGNITUDES, dtype=torch.float64)
+    rows, columns = weight.shape
+    groups = weight.double().reshape(rows, columns // group, group)
+    amax = groups.abs().amax(dim=-1)
+    assert (amax > 0).all(), "an all-zero group has no defined scale"
+    exponent = torch.ceil(torch.log2(amax / magnitudes[-1]))
+    exponent = torch.where(amax / torch.exp2(exponent) > magnitudes[-1], exponent + 1, exponent)  # log2 rounding
+    assert (amax / torch.exp2(exponent) <= magnitudes[-1]).all()
+    assert (amax / torch.exp2(exponent - 1) > magnitudes[-1]).all(), "not the smallest exponent"
+    scale = torch.exp2(exponent)[..., None]
+    scaled = groups / scale
+    index = (scaled.abs()[..., None] - magnitudes).abs().argmin(dim=-1)  # first minimum: ties to the smaller
+    negative = (scaled < 0) & (index > 0)
+    values = torch.where(negative, -1.0, 1.0).double() * magnitudes[index] * scale
+    assert ((values - groups).abs() <= scale).all(), "off the e2m1 grid by more than half its widest step"
+    codes = (index | negative.long() << 3).reshape(rows, columns).to(torch.uint8)
+    packed = codes[:, 0::2] | codes[:, 1::2] << 4
+    scale_codes = (exponent + k3_reference.UE8M0_BIAS).to(torch.uint8)
+    assert (exponent + k3_reference.UE8M0_BIAS).min() >= 0 and (exponent + k3_reference.UE8M0_BIAS).max() <= 254
+    return packed.contiguous(), scale_codes.contiguous(), values.reshape(rows, columns).float()
+
+
+def k3_checkpoint(model: k3_reference.K3ForCausalLM) -> tuple[dict, dict]:
+    """(checkpoint tensors, the fp32 values of the MXFP4 routed experts by state-dict name). bf16 except the f32
+    K3_FP32_TENSORS; routed experts as weight_packed + weight_scale; plus K3_EXTRA_TENSORS."""
+    tensors, experts = {}, {}
+    for name, tensor in model.state_dict().items():
+        key = k3_reference.TEXT_PREFIX + name
+        if ".experts." in name:
+            base = key.removesuffix(".weight")
+            tensors[base + ".weight_packed"], tensors[base + ".weight_scale"], experts[name] = quantize_mxfp4(tensor)
+        elif name.endswith(K3_FP32_TENSORS):
+            tensors[key] = tensor.float().contiguous()
+        else:
+            tensors[key] = tensor.to(torch.bfloat16).contiguous()
+    for key in K3_EXTRA_TENSORS:
+        tensors[key] = torch.empty(4, 4).normal_(0.0, INITIALIZER_RANGE).to(torch.bfloat16)
+    return tensors, experts
+
+
+def save_and_reload_k3(spec: FixtureSpec, seed: int, directory: Path) -> k3_reference.K3ForCausalLM:
+    """Writes directory/config.json and model.safetensors of a random K3 model and returns the fp32 reference that
+    tools/k3_reference.py loads back from them; checks that it holds exactly the checkpoint's values."""
+    config = make_k3_config(spec)
+    torch.manual_seed(seed)
+    model = k3_reference.K3ForCausalLM(k3_reference.TextConfig.from_dict(config["text_config"], k3=True))
+    init_k3_weights(model)
+    tensors, experts = k3_checkpoint(model)
+    if directory.exists():
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(tensors, directory / WEIGHTS_FILE, metadata={"format": "pt"})
+    reference = k3_reference.load_k3(directory)
+    loaded = reference.state_dict()
+    assert loaded.keys() == model.state_dict().keys()
+    for name in loaded:  # bf16 / f32 tensors as saved; routed experts: dequantized == the values quantized
+        expected = experts[name] if name in experts else tensors[k3_reference.TEXT_PREFIX + name].float()
+        assert torch.equal(loaded[name], expected), f"{directory.name}: {name} differs from the checkpoint"
+    return reference
+
+
+def check_k3_rerun(directory: Path, references: list) -> None:
+    """A fresh load of the written fixture reproduces every saved logits file exactly."""
+    model = k3_reference.load_k3(directory)
+    for i, reference in enumerate(references):
+        logits = model(reference.ids + reference.greedy).numpy()
+        assert np.array_equal(logits, np.load(directory / f"logits_{i}.npy")), f"{directory.name}: logits_{i} differ"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Reference outputs
 
 
@@ -225,8 +456,11 @@ def make_prompt(seed: int, length: int, vocab_size: int) -> torch.Tensor:
     return torch.randint(FIRST_PROMPT_ID, vocab_size, (1, length), generator=generator)
 
 
-def greedy_continuation(model: KimiLinearForCausalLM, prompt: torch.Tensor) -> torch.Tensor:
-    """NEW_TOKENS greedy ids from generate() with its cache (prefill, then recurrent single-token decode)."""
+def greedy_continuation(model: ReferenceModel, prompt: torch.Tensor) -> torch.Tensor:
+    """NEW_TOKENS greedy ids from generate() with its cache (prefill, then recurrent single-token decode); for K3,
+    from repeated full forwards of tools/k3_reference.py (it has no cache)."""
+    if isinstance(model, k3_reference.K3ForCausalLM):
+        return torch.tensor([k3_reference.greedy(model, prompt[0].tolist(), NEW_TOKENS)])
     output = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, use_cache=True)
     continuation = output[:, prompt.shape[1] :]
     assert continuation.shape[1] == NEW_TOKENS, "generate() stopped early"
@@ -255,20 +489,40 @@ def route_margin(router: KimiLinearTopkRouter, hidden_states: torch.Tensor) -> f
     return torch.cat(margins).min().item()
 
 
-def forward_with_route_margin(model: KimiLinearForCausalLM, ids: torch.Tensor):
-    """One no-cache forward pass; returns its output and the min route margin over all MoE layers and tokens."""
-    margins = []
+def one_pass(model: ReferenceModel, ids: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """One no-cache forward pass over ids [1, T]: logits [T, vocab] and hidden [num_layers + 1, T, hidden]."""
+    if isinstance(model, k3_reference.K3ForCausalLM):
+        logits, hidden = model(ids[0], output_hidden_states=True)
+        return logits.numpy(), hidden.numpy()
+    output = model(ids, use_cache=False, output_hidden_states=True)
+    return output.logits[0].numpy(), torch.stack(output.hidden_states)[:, 0].numpy()
+
+
+def forward_with_route_margin(model: ReferenceModel, ids: torch.Tensor):
+    """One no-cache forward pass; returns its (logits, hidden), the min route margin over all MoE layers and tokens,
+    and (K3) the AttnRes mixing weights of every mixing point with at least two candidates."""
+    margins, attn_res_weights = [], []
     hooks = [
         module.register_forward_hook(lambda router, args, _: margins.append(route_margin(router, args[0])))
         for module in model.modules()
         if isinstance(module, KimiLinearTopkRouter)
     ]
+    unrecorded = k3_reference.attn_res_weights
+
+    def recorded(*args):
+        weights = unrecorded(*args)
+        if weights.shape[0] > 1:
+            attn_res_weights.append(weights.reshape(weights.shape[0], -1))
+        return weights
+
+    k3_reference.attn_res_weights = recorded
     try:
-        output = model(ids, use_cache=False, output_hidden_states=True)
+        outputs = one_pass(model, ids)
     finally:
+        k3_reference.attn_res_weights = unrecorded
         for hook in hooks:
             hook.remove()
-    return output, min(margins, default=float("inf"))
+    return outputs, min(margins, default=float("inf")), attn_res_weights
 
 
 def top2_margins(logits: np.ndarray) -> np.ndarray:
@@ -283,6 +537,7 @@ class PromptReference:
     logits: np.ndarray  # [len(ids) + NEW_TOKENS, vocab] from one no-cache pass over ids + greedy
     hidden: np.ndarray  # [num_layers + 1, len(ids) + NEW_TOKENS, hidden] from that pass
     min_route_margin: float
+    attn_res_weights: list  # K3: [candidates, tokens] softmax weights of each AttnRes mixing point (2+ candidates)
 
     @property
     def min_top2_margin(self) -> float:
@@ -296,16 +551,19 @@ class PromptReference:
         return [int(j) for j in np.flatnonzero(clear & (argmax != np.array(self.greedy)))]
 
 
-def reference_outputs(model: KimiLinearForCausalLM, prompt: torch.Tensor) -> PromptReference:
+def reference_outputs(model: ReferenceModel, prompt: torch.Tensor) -> PromptReference:
     greedy = greedy_continuation(model, prompt)
     with torch.no_grad():
-        output, min_route_margin = forward_with_route_margin(model, torch.cat([prompt, greedy], dim=1))
+        (logits, hidden), min_route_margin, attn_res_weights = forward_with_route_margin(
+            model, torch.cat([prompt, greedy], dim=1)
+        )
     return PromptReference(
         ids=prompt[0].tolist(),
         greedy=greedy[0].tolist(),
-        logits=output.logits[0].numpy(),
-        hidden=torch.stack(output.hidden_states)[:, 0].numpy(),
+        logits=logits,
+        hidden=hidden,
         min_route_margin=min_route_margin,
+        attn_res_weights=attn_res_weights,
     )
 
 
@@ -315,13 +573,20 @@ def reference_outputs(model: KimiLinearForCausalLM, prompt: torch.Tensor) -> Pro
 
 def build_fixture(spec: FixtureSpec, directory: Path) -> tuple[int, list[PromptReference]]:
     """Tries seeds from spec.seed on until every prompt's route margin is at least MIN_ROUTE_MARGIN."""
-    config = make_config(spec)
+    config = None if spec.k3 else make_config(spec)
+    vocab_size = K3_TEXT_CONFIG["vocab_size"] if spec.k3 else config.vocab_size
     for seed in range(spec.seed, spec.seed + SEED_ATTEMPTS):
-        model = save_and_reload(build_random_model(config, seed), directory)
-        references = [
-            reference_outputs(model, make_prompt(seed * 10 + i, length, config.vocab_size))
-            for i, length in enumerate(PROMPT_LENGTHS)
-        ]
+        if spec.k3:
+            model = save_and_reload_k3(spec, seed, directory)
+        else:
+            model = save_and_reload(build_random_model(config, seed), directory)
+        prompts = [make_prompt(seed * 10 + i, length, vocab_size) for i, length in enumerate(PROMPT_LENGTHS)]
+        with torch.no_grad():
+            margin = min(forward_with_route_margin(model, prompt)[1] for prompt in prompts)
+        if margin < MIN_ROUTE_MARGIN:
+            print(f"  {spec.name}: seed {seed} has min route margin {margin:.3g} < {MIN_ROUTE_MARGIN} (prompts), next")
+            continue
+        references = [reference_outputs(model, prompt) for prompt in prompts]
         margin = min(reference.min_route_margin for reference in references)
         if margin >= MIN_ROUTE_MARGIN:
             return seed, references
@@ -329,7 +594,15 @@ def build_fixture(spec: FixtureSpec, directory: Path) -> tuple[int, list[PromptR
     raise RuntimeError(f"{spec.name}: no seed in {SEED_ATTEMPTS} attempts reaches the route margin")
 
 
-def write_golden(directory: Path, seed: int, references: list[PromptReference]) -> None:
+K3_GOLDEN_NOTES = {
+    "reference": "tools/k3_reference.py",
+    "greedy_from": "repeated full no-cache forwards (argmax of the last row)",
+    "hidden_layout": "[num_layers + 1, T, hidden]: entry 0 the embeddings, entry i + 1 the AttnRes running block "
+    "sum P after layer i (MODEL.md 8.2); no final-norm entry",
+}
+
+
+def write_golden(directory: Path, seed: int, references: list[PromptReference], k3: bool = False) -> None:
     prompts = []
     for i, reference in enumerate(references):
         np.save(directory / f"logits_{i}.npy", reference.logits)
@@ -348,10 +621,20 @@ def write_golden(directory: Path, seed: int, references: list[PromptReference]) 
         "transformers_version": transformers.__version__,
         "torch_version": torch.__version__,
         "generator": "tools/make_golden.py",
+        **(K3_GOLDEN_NOTES if k3 else {}),
         "seed": seed,
         "prompts": prompts,
     }
     (directory / "golden.json").write_text(json.dumps(golden, indent=2) + "\n")
+
+
+def attn_res_summary(weights: list) -> str:
+    """How far from uniform the AttnRes softmax is: its mean top weight against the mean of 1/candidates."""
+    if not weights:
+        return ""
+    top = torch.cat([w.max(dim=0).values for w in weights]).mean().item()
+    uniform = torch.cat([torch.full((w.shape[1],), 1.0 / w.shape[0]) for w in weights]).mean().item()
+    return f"  AttnRes mean top weight {top:.3f} (uniform {uniform:.3f})"
 
 
 def report(name: str, seed: int, reference: PromptReference) -> None:
@@ -360,15 +643,21 @@ def report(name: str, seed: int, reference: PromptReference) -> None:
         f"  {name} seed {seed} prompt len {len(reference.ids):3d}: min_top2_margin {reference.min_top2_margin:.4f}"
         f"  min_route_margin {reference.min_route_margin:.2e}"
         f"  greedy vs one-pass argmax: {f'MISMATCH at new tokens {mismatches}' if mismatches else 'ok'}"
+        f"{attn_res_summary(reference.attn_res_weights)}"
     )
 
 
 def make_fixture(spec: FixtureSpec, out: Path) -> None:
     directory = out / spec.name
     seed, references = build_fixture(spec, directory)
-    write_golden(directory, seed, references)
+    write_golden(directory, seed, references, k3=spec.k3)
+    if spec.k3:
+        check_k3_rerun(directory, references)
+        print(f"  {spec.name}: a fresh load of the fixture reproduces its logits exactly")
     for reference in references:
         report(spec.name, seed, reference)
+    mismatched = [len(r.ids) for r in references if r.greedy_argmax_mismatches()]
+    assert not mismatched, f"{spec.name}: greedy != one-pass argmax at a clear margin (prompt lengths {mismatched})"
     if spec.moonshot_twin:
         make_moonshot_twin(directory, out / f"{spec.name}-moonshot")
 
