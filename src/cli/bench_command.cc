@@ -58,7 +58,8 @@ double measure_bandwidth() {
 // Bytes one decode step of `batch` sequences at `context` tokens must move on rank 0 (fp32 backend).
 double decode_step_bytes(const ModelConfig& cfg, const Mapping& m, int64_t context, int32_t batch,
                          int64_t tokens_per_block) {
-  const RankWeightBytes w = rank_weight_bytes(cfg, m, [](const WeightSpec&) { return DType::kF32; });
+  const RankWeightBytes w =
+      rank_weight_bytes(weight_layout(cfg), m, [](const WeightSpec&) { return DType::kF32; });
   double bytes =
       static_cast<double>(w.total - w.by_category[static_cast<size_t>(WeightCategory::kRoutedExperts)]);
   if (cfg.num_moe_layers() > 0) {

@@ -86,10 +86,11 @@ int run_plan(const PlanArgs& a) {
                            ckpt ? "dtypes as stored in the checkpoint"
                                 : "dtypes of the published checkpoint, as the shard plan records them");
   const Placement placement{req.tokens_per_block, req.cp};
+  const std::vector<WeightSpec> layout = weight_layout(cfg);
   int64_t worst_total = 0;
   for (int r = 0; r < n; ++r) {
     const Mapping m = Mapping::make(req.tp, req.cp, r, req.moe_ep, req.moe_tp);
-    const RankWeightBytes w = rank_weight_bytes(cfg, m, dtype_of);
+    const RankWeightBytes w = rank_weight_bytes(layout, m, dtype_of);
     const StateBytes st = state_bytes(cfg, m, kv_bytes, 2);
     const int64_t kv = kv_bytes_at(st, placement, m.cp_rank(), a.context);
     const int64_t per_seq = kv + st.kda_recurrent + st.kda_conv;

@@ -4,10 +4,10 @@
 
 namespace hlm {
 
-RankWeightBytes rank_weight_bytes(const ModelConfig& cfg, const Mapping& mapping,
+RankWeightBytes rank_weight_bytes(const std::vector<WeightSpec>& layout, const Mapping& mapping,
                                   const StoredDType& dtype_of) {
   RankWeightBytes out;
-  for (const WeightSpec& s : weight_layout(cfg)) {
+  for (const WeightSpec& s : layout) {
     const std::optional<TensorBox> box = rank_box(s, mapping);
     if (!box) continue;
     const int64_t bytes = box_numel(s, *box) * static_cast<int64_t>(dtype_size(dtype_of(s)));

@@ -22,7 +22,8 @@ struct RankWeightBytes {
   int64_t total = 0;
 };
 
-RankWeightBytes rank_weight_bytes(const ModelConfig& cfg, const Mapping& mapping,
+// `layout` is weight_layout(cfg), computed once by the caller (K3's has half a million entries).
+RankWeightBytes rank_weight_bytes(const std::vector<WeightSpec>& layout, const Mapping& mapping,
                                   const StoredDType& dtype_of);
 
 // Parameters of the model: elements of every checkpoint tensor the model uses, each counted once

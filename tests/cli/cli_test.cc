@@ -164,6 +164,27 @@ TEST(Cli, PlanSizesTheFortyEightBillionModel) {
   EXPECT_NE(r.out.find("tp*cp = 1, 2, 4, 8, 16, 32 ranks"), std::string::npos) << r.out;
 }
 
+TEST(Cli, PlanSizesKimiK3) {
+  const std::string cfg = kFixtures + "/configs/kimi-k3.json";
+  const Result r = run(fmt::format("{} plan --config {} --tp 1 --cp 16 --context 1048576", kBin, cfg));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("(kimi_k3), 2,779,484,478,208 parameters"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("6 of 96 KDA heads"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("56 of 896 routed experts"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1728.0 B per rank"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("vision tower is not loaded"), std::string::npos) << r.err;
+}
+
+TEST(Cli, GenerateRunsKimiK3) {
+  const std::string dir = kFixtures + "/k3-tiny";
+  const auto p = golden(dir)["prompts"][1];
+  const auto greedy = p["greedy"].get<std::vector<int32_t>>();
+  const Result r = run(fmt::format("{} generate -m {} --prompt-ids {} -n {} --ignore-eos", kBin, dir,
+                                   ids_csv(p["ids"].get<std::vector<int32_t>>()), greedy.size()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, ids_csv(greedy) + "\n");
+}
+
 TEST(Cli, HelixUnderMpirunGivesTheSingleRankIds) {
   const std::string args = fmt::format(
       " generate -m {} --prompt-ids 5,17,300 --prompt-ids 9 -n 16 --ignore-eos "

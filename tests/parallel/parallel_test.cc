@@ -122,7 +122,7 @@ TEST_P(Helix, WeightBytesReadEqualPlan) {
   const StoredDType stored = [&](const WeightSpec& s) {
     return ckpt.has(s.name) ? ckpt.info(s.name).dtype : ckpt.info(s.alt_names.at(0)).dtype;
   };
-  const RankWeightBytes plan = rank_weight_bytes(runner_->config(), mapping(), stored);
+  const RankWeightBytes plan = rank_weight_bytes(weight_layout(runner_->config()), mapping(), stored);
   EXPECT_EQ(static_cast<int64_t>(runner_->model().weight_bytes_read()), plan.total)
       << "rank " << g_comm->rank();
   const StateBytes state = state_bytes(runner_->config(), mapping(), 4, 4);

@@ -102,5 +102,27 @@ TEST(LayoutRules, ErrorListsTheLayoutsThatWork) {
   EXPECT_NE(describe_valid_sizes(c, 64).find("tp*cp = 1 ranks"), std::string::npos);
 }
 
+TEST(LayoutRules, KimiK3ValidWidths) {
+  const ModelConfig c = load_model_config(std::string(HLM_FIXTURES_DIR) + "/configs/kimi-k3.json");
+  // 96 MLA and KDA heads and 896 experts share the divisors 1, 2, 4, 8, 16, 32.
+  EXPECT_NE(describe_valid_sizes(c, 64).find("tp*cp = 1, 2, 4, 8, 16, 32 ranks"), std::string::npos)
+      << describe_valid_sizes(c, 64);
+  for (int cp : {8, 16, 32}) EXPECT_TRUE(layout_violations(c, LayoutRequest{1, cp, 0, 0, 64}).empty()) << cp;
+  const std::string k3_12 = joined(layout_violations(c, LayoutRequest{1, 12, 0, 0, 64}));
+  EXPECT_NE(k3_12.find("routed expert count (896) must be divisible by --moe-ep (12)"), std::string::npos)
+      << k3_12;
+  const std::string k3_64 = joined(layout_violations(c, LayoutRequest{2, 32, 0, 0, 64}));
+  EXPECT_NE(k3_64.find("MLA head count (96) must be divisible by tp*cp (64)"), std::string::npos) << k3_64;
+  EXPECT_NE(k3_64.find("KDA head count (96)"), std::string::npos) << k3_64;
+}
+
+TEST(LayoutRules, Mxfp4ExpertShardsKeepWholeScaleGroups) {
+  const ModelConfig c = load_model_config(std::string(HLM_FIXTURES_DIR) + "/configs/kimi-k3.json");
+  // 3072 / 32 = 96 columns per moe_tp shard: whole groups. 3072 / 64 = 48: no.
+  EXPECT_TRUE(layout_violations(c, LayoutRequest{1, 32, 1, 32, 64}).empty());
+  const std::string bad = joined(layout_violations(c, LayoutRequest{2, 32, 1, 64, 64}));
+  EXPECT_NE(bad.find("MXFP4 experts each --moe-tp shard"), std::string::npos) << bad;
+}
+
 }  // namespace
 }  // namespace hlm
