@@ -41,6 +41,12 @@ inline float glu_value(float g, float u, const ActivationParams& act) {
 }
 // out[i] = x[i] · scale / sqrt(Σ x² + 1e-6): the KDA l2norm (eps inside the sqrt, docs/MODEL.md §5.4).
 void l2_normalize(const float* x, int64_t n, float scale, float* out);
+// 1 / sqrt(mean(x²) + eps), the RMSNorm factor of one row, with the sum of squares in double.
+inline float inv_rms(const float* x, int64_t n, float eps) {
+  double sum_sq = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum_sq += static_cast<double>(x[i]) * x[i];
+  return static_cast<float>(1.0 / std::sqrt(sum_sq / static_cast<double>(n) + eps));
+}
 
 // C[m, n] = A[m, k] · op(B) (+ C when accumulate), row-major with leading dimensions; op(B) = Bᵀ for
 // B [n, k] when trans_b, else B [k, n]. Runs OpenBLAS (its own threads); never call it inside an OpenMP

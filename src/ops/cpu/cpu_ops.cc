@@ -125,9 +125,7 @@ class CpuOps final : public Ops {
 #pragma omp parallel for
     for (int64_t r = 0; r < rows; ++r) {
       const float* xr = xp + r * d;
-      double sum_sq = 0.0;
-      for (int64_t i = 0; i < d; ++i) sum_sq += static_cast<double>(xr[i]) * xr[i];
-      const float inv = static_cast<float>(1.0 / std::sqrt(sum_sq / static_cast<double>(d) + eps));
+      const float inv = cpu::inv_rms(xr, d, eps);
       for (int64_t i = 0; i < d; ++i) yp[r * d + i] = wp[i] * (xr[i] * inv);
     }
     return y;

@@ -128,9 +128,7 @@ Tensor gated_rms_norm(const Tensor& o, const Tensor& gate, const Tensor& w, floa
 #pragma omp parallel for
   for (int64_t r = 0; r < rows; ++r) {
     const float* orow = o_in + r * d;
-    double sum_sq = 0.0;
-    for (int64_t i = 0; i < d; ++i) sum_sq += static_cast<double>(orow[i]) * orow[i];
-    const float inv = static_cast<float>(1.0 / std::sqrt(sum_sq / static_cast<double>(d) + eps));
+    const float inv = inv_rms(orow, d, eps);
     // Weight before gate, no (1 + w), sigmoid gate (docs/MODEL.md §5.7).
     for (int64_t i = 0; i < d; ++i) yp[r * d + i] = wp[i] * (orow[i] * inv) * logistic(gp[r * d + i]);
   }
