@@ -35,7 +35,7 @@ std::string slurp(const std::string& path) {
 }
 
 // Runs `args` through the shell with a timeout; mpirun runs get the root/oversubscribe settings CI needs.
-Result run(const std::string& args, int timeout_s = 120) {
+Result run(const std::string& args, int timeout_s = 300) {
   const std::string out = kScratch + "/out.txt", err = kScratch + "/err.txt";
   const std::string cmd = fmt::format(
       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "
@@ -198,7 +198,7 @@ TEST(Cli, HelixUnderMpirunGivesTheSingleRankIds) {
 }
 
 TEST(Cli, MpirunLayoutMismatchFailsWithoutHanging) {
-  const Result r = run(mpirun(2) + fmt::format(" generate -m {} --prompt-ids 1 --cp 4", kTiny), 60);
+  const Result r = run(mpirun(2) + fmt::format(" generate -m {} --prompt-ids 1 --cp 4", kTiny), 120);
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.code, 124) << "timed out";
   EXPECT_NE(r.err.find("launch has 2 rank(s) but --tp 1 x --cp 4 = 4"), std::string::npos) << r.err;
@@ -206,7 +206,7 @@ TEST(Cli, MpirunLayoutMismatchFailsWithoutHanging) {
 
 TEST(Cli, OneRanksErrorEndsEveryRank) {
   // Only rank 0 checks prompt ids (the others wait for step plans): its error must end the whole job.
-  const Result r = run(mpirun(2) + fmt::format(" generate -m {} --prompt-ids 1,99999 --cp 2", kTiny), 60);
+  const Result r = run(mpirun(2) + fmt::format(" generate -m {} --prompt-ids 1,99999 --cp 2", kTiny), 120);
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.code, 124) << "timed out";
   EXPECT_NE(r.err.find("rank 0: error: prompt 0: token id 99999 is outside the vocabulary"),
