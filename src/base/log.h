@@ -11,4 +11,7 @@ namespace hlm {
 // level: "trace", "debug", "info", "warn", "error", "off".
 void init_logging(const std::string& level, int rank, int world_size);
 
+// 1536 -> "1.5 KiB", 98.2e9 -> "91.5 GiB": sizes in log lines and messages.
+std::string human_bytes(int64_t bytes);
+
 }  // namespace hlm

@@ -1,15 +1,12 @@
 #include "cli/session.h"
 
-#include <omp.h>
-
 #include <charconv>
+#include <cstdlib>
 #include <filesystem>
-#include <thread>
-
-#include <cblas.h>
 
 #include "base/log.h"
-#include "ops/cpu/cpu_ops.h"
+#include "model/memory_plan.h"
+#include "model/weight_source.h"
 #include "parallel/layout_rules.h"
 
 namespace hlm {
@@ -28,6 +25,17 @@ void add_session_options(CLI::App& cmd, SessionOptions& o) {
   cmd.add_option("--max-batch", o.engine.max_batch, "Sequences held at once")->capture_default_str();
   cmd.add_option("--max-seq-len", o.max_seq_len,
                  "Tokens per sequence the KV cache is sized for (default: what the command needs)");
+  cmd.add_option("--device", o.device, "cpu, cuda, or auto (cuda when a GPU is visible)")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, DeviceChoice>{
+              {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}, {"auto", DeviceChoice::kAuto}},
+          CLI::ignore_case))
+      ->default_str("auto");
+  cmd.add_option("--gpu-memory-fraction", o.gpu_memory_fraction,
+                 "Share of the GPU's memory helixlm may use (weights, KV pages, state, scratch)")
+      ->check(CLI::Range(0.05, 1.0))
+      ->capture_default_str();
+  cmd.add_flag("!--no-cuda-graphs", o.cuda_graphs, "Run decode steps without CUDA graphs (debugging)");
   cmd.add_flag("!--no-warmup", o.warmup, "Skip the start-up warmup step");
 }
 
@@ -51,12 +59,30 @@ std::vector<int32_t> parse_ids(const std::string& text, const char* flag) {
 
 namespace {
 
-void set_threads(int threads, int ranks) {
-  if (threads <= 0) {
-    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, ranks));
+// The rank's index among the ranks of its host (OpenMPI and PMI set it), for picking its GPU.
+int local_rank(int rank) {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
+    if (const char* v = std::getenv(name)) return std::atoi(v);
   }
-  omp_set_num_threads(threads);
-  openblas_set_num_threads(threads);
+  return rank;
+}
+
+ModelConfig session_config(const SessionOptions& o) {
+  if (o.random_weights) {
+    HLM_CHECK(!o.config_path.empty(), "--random-weights needs --config FILE (a config.json)");
+    ModelConfig cfg = load_model_config(o.config_path);
+    if (o.num_layers > 0) {
+      HLM_CHECK(o.num_layers <= cfg.num_layers, "--num-layers {} exceeds the {} layers of {}", o.num_layers,
+                cfg.num_layers, o.config_path);
+      cfg.num_layers = o.num_layers;
+      cfg.attn.resize(o.num_layers);
+      cfg.ffn.resize(o.num_layers);
+    }
+    return cfg;
+  }
+  HLM_CHECK(std::filesystem::is_directory(o.model_dir), "model directory '{}' not found (pass -m DIR)",
+            o.model_dir);
+  return load_model_config(o.model_dir + "/config.json");
 }
 
 }  // namespace
@@ -68,23 +94,63 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
       world == o.tp * o.cp,
       "the launch has {} rank(s) but --tp {} x --cp {} = {}: start with `mpirun -np {}` or change --tp/--cp",
       world, o.tp, o.cp, o.tp * o.cp, o.tp * o.cp);
-  HLM_CHECK(std::filesystem::is_directory(o.model_dir), "model directory '{}' not found (pass -m DIR)",
-            o.model_dir);
-  config_ = load_model_config(o.model_dir + "/config.json");
+  config_ = session_config(o);
   // Every layout rule is checked before a single weight is read.
   check_layout(config_, LayoutRequest{o.tp, o.cp, o.moe_ep, o.moe_tp, o.engine.tokens_per_block});
   Mapping mapping = Mapping::make(o.tp, o.cp, rank, o.moe_ep, o.moe_tp);
   comm_ = world > 1 ? make_mpi_comm(mapping) : make_single_comm();
-  set_threads(o.threads, world);
-  checkpoint_ = std::make_unique<Checkpoint>(o.model_dir);
-  ops_ = make_cpu_ops();
-  model_ = std::make_unique<Model>(config_, mapping, *ops_, *comm_, *checkpoint_);
+
+  const Device device = resolve_device(o.device);
+  BackendOptions bo;
+  bo.cpu_threads = o.threads;
+  bo.ranks_on_host = world;
+  std::string why;
+  if (device == Device::kCuda) bo.cuda_device = local_rank(rank) % std::max(1, cuda_device_count(&why));
+  ops_ = make_ops(device, bo);
+  spdlog::info("device: {}", device == Device::kCuda ? fmt::format("cuda:{}", bo.cuda_device) : "cpu");
+
   EngineOptions eo = o.engine;
   eo.max_seq_len = o.max_seq_len > 0 ? o.max_seq_len : (max_seq_len_hint > 0 ? max_seq_len_hint : 4096);
   if (o.warmup && o.max_seq_len == 0) {
     // Size the cache so the warmup sequence fits; an explicit --max-seq-len is kept, and warmup()
     // refuses to start if it is too small.
     eo.max_seq_len = std::max(eo.max_seq_len, o.cp * eo.tokens_per_block + 2);
+  }
+  eo.cuda_graphs = o.cuda_graphs && device == Device::kCuda;
+
+  std::unique_ptr<WeightSource> weights;
+  if (o.random_weights) {
+    weights = std::make_unique<RandomWeights>(config_, mapping, *ops_, /*seed=*/1234);
+  } else {
+    checkpoint_ = std::make_unique<Checkpoint>(o.model_dir);
+    weights = std::make_unique<WeightReader>(*checkpoint_, config_, mapping, ops_.get());
+  }
+  if (device == Device::kCuda) {
+    // Refuse before reading a byte when the weights alone cannot fit.
+    const MemoryInfo mem = ops_->memory_info();
+    const int64_t need = weights->bytes_to_load();
+    const auto budget = static_cast<int64_t>(o.gpu_memory_fraction * static_cast<double>(mem.total)) -
+                        (mem.total - mem.free);
+    HLM_CHECK(need <= budget,
+              "the weights of this rank take {} on the GPU but only {} are available under "
+              "--gpu-memory-fraction {} ({} free of {}); use more GPUs (--tp/--cp) or a larger fraction",
+              human_bytes(need), human_bytes(std::max<int64_t>(budget, 0)), o.gpu_memory_fraction,
+              human_bytes(mem.free), human_bytes(mem.total));
+  }
+  model_ = std::make_unique<Model>(config_, mapping, *ops_, *comm_, *weights);
+  weights.reset();
+
+  if (device == Device::kCuda) {
+    const int64_t step_tokens = std::max<int64_t>(o.max_step_tokens > 0 ? o.max_step_tokens : eo.max_seq_len,
+                                                  o.cp * eo.tokens_per_block + 1);
+    const int64_t logit_rows = o.max_logit_rows > 0 ? o.max_logit_rows : step_tokens;
+    const DeviceCachePlan plan = plan_device_caches(config_, mapping, model_->weight_bytes_loaded(),
+                                                    ops_->memory_info(), o.gpu_memory_fraction,
+                                                    eo.tokens_per_block, eo.max_batch, eo.max_seq_len,
+                                                    step_tokens, logit_rows);
+    log_device_cache_plan(plan);
+    ops_->reserve_workspace(plan.workspace_bytes);
+    eo.num_pages = plan.pages;
   }
   engine_ = std::make_unique<Engine>(*model_, *comm_, eo);
   if (o.warmup) engine_->warmup();

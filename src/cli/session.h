@@ -1,5 +1,7 @@
 // Session: what every subcommand that runs the model sets up, in order: logging, MPI world and rank
-// layout, threads, config, checkpoint, backend ops, Comm, the model and the engine.
+// layout, the backend (CPU or CUDA), config, weights (a checkpoint, or random weights for benchmarks), the
+// memory plan (on a GPU: KV pages and state slots from the memory left after the weights), Comm, the
+// model and the engine.
 #pragma once
 
 #include <memory>
@@ -8,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "ops/backend.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
 #include "runtime/engine.h"
@@ -24,10 +27,22 @@ struct SessionOptions {
   int threads = 0;          // 0: the machine's cores divided among the ranks on it
   int64_t max_seq_len = 0;  // 0: what the command needs, or 4096
   bool warmup = true;
+  DeviceChoice device = DeviceChoice::kAuto;
+  double gpu_memory_fraction = 0.90;
+  bool cuda_graphs = true;
   EngineOptions engine;
+  // The most tokens one engine step runs (sizes a device backend's scratch arena); 0: max_seq_len.
+  int64_t max_step_tokens = 0;
+  int64_t max_logit_rows = 0;  // the most logit rows one step returns; 0: max_step_tokens
+  // Benchmarks without a checkpoint: the model of `config_path` with random weights made on the backend,
+  // optionally cut to its first `num_layers` layers.
+  std::string config_path;
+  bool random_weights = false;
+  int num_layers = 0;
 };
 
-// Adds -m, --tp, --cp, --moe-ep, --moe-tp, --threads, --tokens-per-block, --max-batch, --max-seq-len.
+// Adds -m, --tp, --cp, --moe-ep, --moe-tp, --threads, --tokens-per-block, --max-batch, --max-seq-len,
+// --device, --gpu-memory-fraction, --no-cuda-graphs, --no-warmup.
 void add_session_options(CLI::App& cmd, SessionOptions& o);
 
 class Session {
@@ -40,7 +55,9 @@ class Session {
   bool is_driver() const { return comm_->rank() == 0; }
   Engine& engine() { return *engine_; }
   Model& model() { return *model_; }
+  Ops& ops() { return *ops_; }
   const ModelConfig& config() const { return config_; }
+  Device device() const { return ops_->device(); }
 
  private:
   ModelConfig config_;

@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include "model/host_transforms.h"
-#include "weights/mxfp4.h"
 
 namespace hlm {
 
@@ -17,11 +15,29 @@ ActivationParams activation_params(const ModelConfig& cfg) {
 
 namespace {
 
-// One routed expert matrix of this rank as F32: read directly, or dequantized from MXFP4 (K3).
-Tensor read_expert_matrix(WeightReader& w, const ModelConfig& c, const std::string& key) {
-  if (!c.mxfp4_experts) return w.read(key);
-  return dequantize_mxfp4(w.read_raw(key + ".packed"), w.read_raw(key + ".scale"),
-                          w.spec(key + ".packed").name);
+// One matrix (w1, w2 or w3) of this rank's experts stacked into [E_l, rows, cols]: the stored dtype, or
+// (K3) the MXFP4 codes and their group scales, kept packed.
+void load_experts(WeightSource& w, Ops& ops, const std::string& prefix, Range experts, const char* which,
+                  Tensor& stacked, Tensor& scales) {
+  auto key = [&](int64_t e) { return fmt::format("{}experts.{}.{}", prefix, e, which); };
+  const bool mxfp4 = w.has(key(experts.begin) + ".packed");
+  const std::string codes_key = mxfp4 ? key(experts.begin) + ".packed" : key(experts.begin);
+  Shape shape = w.shard_shape(codes_key);
+  shape.insert(shape.begin(), experts.size());
+  stacked = ops.empty(shape, mxfp4 ? DType::kU8 : ops.weight_dtype(w.stored_dtype(codes_key)));
+  if (mxfp4) {
+    Shape scale_shape = w.shard_shape(key(experts.begin) + ".scale");
+    scale_shape.insert(scale_shape.begin(), experts.size());
+    scales = ops.empty(scale_shape, DType::kU8);
+  }
+  for (int64_t e = experts.begin; e < experts.end; ++e) {
+    if (mxfp4) {
+      w.load_into(key(e) + ".packed", stacked[e - experts.begin]);
+      w.load_into(key(e) + ".scale", scales[e - experts.begin]);
+    } else {
+      w.load_into(key(e), stacked[e - experts.begin]);
+    }
+  }
 }
 
 }  // namespace
@@ -31,11 +47,11 @@ Tensor GluMlp::partial(Ops& ops, const Tensor& x, const ActivationParams& act) c
   return ops.linear(h, down);                                       // [T, hidden]
 }
 
-DenseLayer::DenseLayer(const LayerEnv& env, int layer, WeightReader& w) {
+DenseLayer::DenseLayer(const LayerEnv& env, int layer, WeightSource& w) {
   const std::string k = fmt::format("layers.{}.mlp.", layer);
-  mlp_.gate = env.ops.upload(w.read(k + "gate_proj"));
-  mlp_.up = env.ops.upload(w.read(k + "up_proj"));
-  mlp_.down = env.ops.upload(w.read(k + "down_proj"));
+  mlp_.gate = w.load(k + "gate_proj");
+  mlp_.up = w.load(k + "up_proj");
+  mlp_.down = w.load(k + "down_proj");
 }
 
 Tensor DenseLayer::forward(const LayerEnv& env, const Tensor& x) {
@@ -44,7 +60,7 @@ Tensor DenseLayer::forward(const LayerEnv& env, const Tensor& x) {
   return out;
 }
 
-MoeLayer::MoeLayer(const LayerEnv& env, int layer, WeightReader& w) {
+MoeLayer::MoeLayer(const LayerEnv& env, int layer, WeightSource& w) {
   const ModelConfig& c = env.cfg;
   Ops& ops = env.ops;
   const std::string k = fmt::format("layers.{}.moe.", layer);
@@ -53,32 +69,25 @@ MoeLayer::MoeLayer(const LayerEnv& env, int layer, WeightReader& w) {
   router_.topk_group = c.topk_group;
   router_.renormalize = c.moe_renormalize;
   router_.scaling = static_cast<float>(c.routed_scaling_factor);
-  gate_ = ops.upload(w.read(k + "gate"));
-  bias_ = ops.upload(w.read(k + "bias"));
+  gate_ = w.load(k + "gate");
+  bias_ = w.load(k + "bias");
 
-  Range experts = env.mapping.experts(c.num_experts);
+  const Range experts = env.mapping.experts(c.num_experts);
   expert_begin_ = experts.begin;
-  std::vector<Tensor> gates, ups, downs;
-  for (int64_t e = experts.begin; e < experts.end; ++e) {
-    const std::string ek = fmt::format("{}experts.{}.", k, e);
-    gates.push_back(read_expert_matrix(w, c, ek + "w1"));
-    ups.push_back(read_expert_matrix(w, c, ek + "w3"));
-    downs.push_back(read_expert_matrix(w, c, ek + "w2"));
-  }
-  w_gate_ = ops.upload(stack(gates));
-  w_up_ = ops.upload(stack(ups));
-  w_down_ = ops.upload(stack(downs));
+  load_experts(w, ops, k, experts, "w1", experts_.gate, experts_.gate_scale);
+  load_experts(w, ops, k, experts, "w3", experts_.up, experts_.up_scale);
+  load_experts(w, ops, k, experts, "w2", experts_.down, experts_.down_scale);
 
   if (c.moe_latent_size > 0) {
-    latent_down_ = ops.upload(w.read(k + "latent_down"));
-    if (c.moe_latent_norm) latent_norm_ = ops.upload(w.read(k + "latent_norm"));
-    latent_up_ = ops.upload(w.read(k + "latent_up"));
+    latent_down_ = w.load(k + "latent_down");
+    if (c.moe_latent_norm) latent_norm_ = w.load(k + "latent_norm");
+    latent_up_ = w.load(k + "latent_up");
   }
   has_shared_ = c.num_shared_experts > 0;
   if (has_shared_) {
-    shared_.gate = ops.upload(w.read(k + "shared_gate"));
-    shared_.up = ops.upload(w.read(k + "shared_up"));
-    shared_.down = ops.upload(w.read(k + "shared_down"));
+    shared_.gate = w.load(k + "shared_gate");
+    shared_.up = w.load(k + "shared_up");
+    shared_.down = w.load(k + "shared_down");
   }
 }
 
@@ -89,7 +98,7 @@ Tensor MoeLayer::forward(const LayerEnv& env, const Tensor& x) {
   ops.moe_route(x, gate_, bias_, router_, idx, weights);
   if (!latent_down_.defined()) {
     Tensor out =
-        ops.moe_experts(x, idx, weights, w_gate_, w_up_, w_down_, expert_begin_, act);  // [T, hidden]
+        ops.moe_experts(x, idx, weights, experts_, expert_begin_, act);  // [T, hidden]
     if (has_shared_) ops.add_inplace(out, shared_.partial(ops, x, act));
     env.comm.all_reduce_sum(out, CommGroup::kWorld);
     return out;
@@ -99,7 +108,7 @@ Tensor MoeLayer::forward(const LayerEnv& env, const Tensor& x) {
   const int64_t width = latent_down_.dim(0);
   Tensor z = ops.linear(x, latent_down_);  // [T, latent]
   Tensor routed =
-      ops.moe_experts(z, idx, weights, w_gate_, w_up_, w_down_, expert_begin_, act);  // [T, latent]
+      ops.moe_experts(z, idx, weights, experts_, expert_begin_, act);  // [T, latent]
   Tensor both =
       has_shared_ ? ops.concat_last(routed, shared_.partial(ops, x, act)) : routed;  // [T, latent + hidden]
   env.comm.all_reduce_sum(both, CommGroup::kWorld);

@@ -5,7 +5,7 @@
 #pragma once
 
 #include "model/layer_env.h"
-#include "model/weight_reader.h"
+#include "model/weight_source.h"
 
 namespace hlm {
 
@@ -20,7 +20,7 @@ struct GluMlp {
 
 class DenseLayer {
  public:
-  DenseLayer(const LayerEnv& env, int layer, WeightReader& weights);
+  DenseLayer(const LayerEnv& env, int layer, WeightSource& weights);
   Tensor forward(const LayerEnv& env, const Tensor& x);  // [T, hidden] -> [T, hidden]
 
  private:
@@ -29,7 +29,7 @@ class DenseLayer {
 
 class MoeLayer {
  public:
-  MoeLayer(const LayerEnv& env, int layer, WeightReader& weights);
+  MoeLayer(const LayerEnv& env, int layer, WeightSource& weights);
   Tensor forward(const LayerEnv& env, const Tensor& x);  // [T, hidden] -> [T, hidden]
 
  private:
@@ -37,9 +37,9 @@ class MoeLayer {
   Tensor gate_;  // [E, hidden], replicated
   Tensor bias_;  // [E]
   int64_t expert_begin_ = 0;
-  Tensor w_gate_;       // [E_local, I_local, width]; width = hidden, or the latent width (K3)
-  Tensor w_up_;         // [E_local, I_local, width]
-  Tensor w_down_;       // [E_local, width, I_local]
+  // [E_local, I_local, width] gate/up and [E_local, width, I_local] down; width = hidden, or the latent
+  // width (K3); MXFP4 codes and scales for K3.
+  ExpertWeights experts_;
   Tensor latent_down_;  // [latent, hidden] (K3 latent MoE)
   Tensor latent_norm_;  // [latent]
   Tensor latent_up_;    // [hidden, latent]

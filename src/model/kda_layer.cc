@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include "model/host_transforms.h"
 
 namespace hlm {
 
@@ -19,7 +18,7 @@ void check_a_log_padding(const Tensor& tail, const std::string& name) {
 
 }  // namespace
 
-KdaLayer::KdaLayer(const LayerEnv& env, int layer, WeightReader& w) {
+KdaLayer::KdaLayer(const LayerEnv& env, int layer, WeightSource& w) {
   const ModelConfig& c = env.cfg;
   Ops& ops = env.ops;
   const std::string k = fmt::format("layers.{}.kda.", layer);
@@ -27,23 +26,30 @@ KdaLayer::KdaLayer(const LayerEnv& env, int layer, WeightReader& w) {
   head_dim_ = c.kda_head_dim;
   const int64_t dl = heads_ * head_dim_;
 
-  qkv_ = ops.upload(concat_rows({w.read(k + "q_proj"), w.read(k + "k_proj"), w.read(k + "v_proj")}));
-  Tensor conv = concat_rows({w.read(k + "q_conv"), w.read(k + "k_conv"), w.read(k + "v_conv")});
-  conv_ = ops.upload(conv.reshape({3 * dl, c.kda_conv_kernel}));
-  a_log_ = ops.upload(w.read(k + "a_log"));
-  dt_bias_ = ops.upload(w.read(k + "dt_bias"));
-  f_a_ = ops.upload(w.read(k + "f_a"));
-  f_b_ = ops.upload(w.read(k + "f_b"));
-  b_proj_ = ops.upload(w.read(k + "b_proj"));
-  if (c.kda_full_rank_gate) {
-    g_proj_ = ops.upload(w.read(k + "g_proj"));
-  } else {
-    g_a_ = ops.upload(w.read(k + "g_a"));
-    g_b_ = ops.upload(w.read(k + "g_b"));
+  // q, k and v rows (and their conv taps) fused into one tensor each, loaded slice by slice.
+  qkv_ = ops.empty({3 * dl, c.hidden_size}, ops.weight_dtype(w.stored_dtype(k + "q_proj")));
+  conv_ = ops.empty({3 * dl, c.kda_conv_kernel}, ops.weight_dtype(w.stored_dtype(k + "q_conv")));
+  const char* parts[] = {"q", "k", "v"};
+  for (int64_t p = 0; p < 3; ++p) {
+    w.load_into(k + parts[p] + "_proj", qkv_.slice(p * dl, (p + 1) * dl));
+    w.load_into(k + parts[p] + "_conv", conv_.slice(p * dl, (p + 1) * dl));
   }
-  if (w.has(k + "a_log_tail")) check_a_log_padding(w.read(k + "a_log_tail"), w.spec(k + "a_log_tail").name);
-  o_norm_ = ops.upload(w.read(k + "o_norm"));
-  o_proj_ = ops.upload(w.read(k + "o_proj"));
+  a_log_ = w.load(k + "a_log");
+  dt_bias_ = w.load(k + "dt_bias");
+  f_a_ = w.load(k + "f_a");
+  f_b_ = w.load(k + "f_b");
+  b_proj_ = w.load(k + "b_proj");
+  if (c.kda_full_rank_gate) {
+    g_proj_ = w.load(k + "g_proj");
+  } else {
+    g_a_ = w.load(k + "g_a");
+    g_b_ = w.load(k + "g_b");
+  }
+  if (w.has(k + "a_log_tail")) {
+    check_a_log_padding(w.read_host_f32(k + "a_log_tail"), w.spec(k + "a_log_tail").name);
+  }
+  o_norm_ = w.load(k + "o_norm");
+  o_proj_ = w.load(k + "o_proj");
   check_shape(qkv_, {3 * dl, c.hidden_size}, "KDA qkv");
   check_shape(a_log_, {heads_}, "KDA A_log shard");
   check_shape(o_proj_, {c.hidden_size, dl}, "KDA o_proj shard");

@@ -5,13 +5,13 @@
 
 #include "model/layer_env.h"
 #include "model/step_context.h"
-#include "model/weight_reader.h"
+#include "model/weight_source.h"
 
 namespace hlm {
 
 class KdaLayer {
  public:
-  KdaLayer(const LayerEnv& env, int layer, WeightReader& weights);
+  KdaLayer(const LayerEnv& env, int layer, WeightSource& weights);
 
   // x: input-normed hidden [T, hidden] -> attention output [T, hidden], complete on every rank.
   Tensor forward(const LayerEnv& env, const Tensor& x, const StepContext& ctx);

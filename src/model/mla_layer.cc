@@ -4,7 +4,6 @@
 
 #include <fmt/format.h>
 
-#include "model/host_transforms.h"
 
 namespace hlm {
 
@@ -13,34 +12,33 @@ namespace {
 constexpr float kLatentNormEps = 1e-6f;
 }  // namespace
 
-MlaLayer::MlaLayer(const LayerEnv& env, int layer, WeightReader& w) {
+MlaLayer::MlaLayer(const LayerEnv& env, int layer, WeightSource& w) {
   const ModelConfig& c = env.cfg;
-  Ops& ops = env.ops;
   const std::string k = fmt::format("layers.{}.mla.", layer);
   tp_heads_ = env.mapping.mla_tp_heads(c.mla_heads).size();
   chunk_heads_ = env.mapping.mla_chunk_heads(c.mla_heads).size();
   const int64_t qk = c.qk_head_dim(), lat = c.kv_lora_rank;
 
   if (c.q_lora_rank == 0) {
-    q_proj_ = ops.upload(w.read(k + "q_proj").reshape({tp_heads_ * qk, c.hidden_size}));
+    q_proj_ = w.load(k + "q_proj").reshape({tp_heads_ * qk, c.hidden_size});
   } else {
-    q_a_ = ops.upload(w.read(k + "q_a"));
-    q_a_norm_ = ops.upload(w.read(k + "q_a_norm"));
-    q_b_ = ops.upload(w.read(k + "q_b").reshape({tp_heads_ * qk, c.q_lora_rank}));
+    q_a_ = w.load(k + "q_a");
+    q_a_norm_ = w.load(k + "q_a_norm");
+    q_b_ = w.load(k + "q_b").reshape({tp_heads_ * qk, c.q_lora_rank});
   }
-  kv_a_ = ops.upload(w.read(k + "kv_a"));
-  kv_a_norm_ = ops.upload(w.read(k + "kv_a_norm"));
-  w_uk_ = ops.upload(w.read(k + "w_uk"));                   // [H/tp, nope, L]
-  w_uv_ = ops.upload(transpose_last2(w.read(k + "w_uv")));  // [H/N, v, L] -> [H/N, L, v]
-  if (c.mla_output_gate) g_proj_ = ops.upload(w.read(k + "g_proj"));
-  o_proj_ = ops.upload(w.read(k + "o_proj"));
+  kv_a_ = w.load(k + "kv_a");
+  kv_a_norm_ = w.load(k + "kv_a_norm");
+  w_uk_ = w.load(k + "w_uk");  // [H/tp, nope, L]
+  w_uv_ = w.load(k + "w_uv");  // [H/N, v, L], applied transposed
+  if (c.mla_output_gate) g_proj_ = w.load(k + "g_proj");
+  o_proj_ = w.load(k + "o_proj");
   check_shape(w_uk_, {tp_heads_, c.qk_nope_head_dim, lat}, "MLA W_UK shard");
-  check_shape(w_uv_, {chunk_heads_, lat, c.v_head_dim}, "MLA W_UV shard");
+  check_shape(w_uv_, {chunk_heads_, c.v_head_dim, lat}, "MLA W_UV shard");
   check_shape(o_proj_, {c.hidden_size, chunk_heads_ * c.v_head_dim}, "MLA o_proj shard");
 }
 
 void MlaLayer::allocate_cache(const LayerEnv& env, int64_t pages, int64_t tokens_per_block) {
-  cache_ = env.ops.zeros({pages, tokens_per_block, env.cfg.mla_cache_dim()}, DType::kF32);
+  cache_ = env.ops.zeros({pages, tokens_per_block, env.cfg.mla_cache_dim()}, env.ops.weight_dtype(DType::kBF16));
 }
 
 Tensor MlaLayer::project_queries(const LayerEnv& env, const Tensor& x) {
@@ -70,7 +68,7 @@ Tensor MlaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim()));
   Tensor part = ops.empty({t, tp_heads_, lat}, DType::kF32);  // [T, H/tp, L]
   Tensor stats = ops.empty({t, tp_heads_, 2}, DType::kF32);   // [T, H/tp, 2]
-  ops.mla_attention(q, cache_, ctx.page_table, ctx.mla_seqs, ctx.kv_len, scale, lat, part, stats);
+  ops.mla_attention(q, cache_, ctx.page_table, ctx.mla, ctx.kv_len, scale, lat, part, stats);
 
   Tensor context = part;  // [T, H/N, L]
   if (cp > 1) {
@@ -83,7 +81,8 @@ Tensor MlaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext
     context = ops.lse_combine(parts.reshape({cp, t, chunk_heads_, lat}),
                               part_stats.reshape({cp, t, chunk_heads_, 2}));  // [T, Hc, L]
   }
-  Tensor heads = ops.head_matmul(context, w_uv_).reshape({t, chunk_heads_ * c.v_head_dim});  // [T, H/N·v]
+  Tensor heads = ops.head_matmul(context, w_uv_, /*w_transposed=*/true)
+                     .reshape({t, chunk_heads_ * c.v_head_dim});  // [T, H/N·v]
   if (g_proj_.defined()) ops.sigmoid_gate_inplace(heads, ops.linear(x, g_proj_));
   Tensor out = ops.linear(heads, o_proj_);  // [T, hidden] partial
   env.comm.all_reduce_sum(out, CommGroup::kWorld);

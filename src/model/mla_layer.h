@@ -8,13 +8,13 @@
 
 #include "model/layer_env.h"
 #include "model/step_context.h"
-#include "model/weight_reader.h"
+#include "model/weight_source.h"
 
 namespace hlm {
 
 class MlaLayer {
  public:
-  MlaLayer(const LayerEnv& env, int layer, WeightReader& weights);
+  MlaLayer(const LayerEnv& env, int layer, WeightSource& weights);
 
   // x: input-normed hidden [T, hidden] -> attention output [T, hidden], complete on every rank.
   Tensor forward(const LayerEnv& env, const Tensor& x, const StepContext& ctx);
@@ -33,7 +33,7 @@ class MlaLayer {
   Tensor kv_a_;              // [L + R, hidden]
   Tensor kv_a_norm_;         // [L]
   Tensor w_uk_;              // [H/tp, nope, L]
-  Tensor w_uv_;              // [H/N, L, v]
+  Tensor w_uv_;              // [H/N, v, L]
   Tensor g_proj_;            // [H/N·v, hidden] (K3 output gate)
   Tensor o_proj_;            // [hidden, H/N·v]
   Tensor cache_;             // [pages, P, L + R]: normalized latent c | k_pe of the tokens this rank owns

@@ -10,13 +10,13 @@ namespace hlm {
 
 namespace {
 
-std::variant<KdaLayer, MlaLayer> make_attention(const LayerEnv& env, int i, WeightReader& w) {
+std::variant<KdaLayer, MlaLayer> make_attention(const LayerEnv& env, int i, WeightSource& w) {
   if (env.cfg.attn[i] == AttnKind::kKda)
     return std::variant<KdaLayer, MlaLayer>(std::in_place_type<KdaLayer>, env, i, w);
   return std::variant<KdaLayer, MlaLayer>(std::in_place_type<MlaLayer>, env, i, w);
 }
 
-std::variant<DenseLayer, MoeLayer> make_ffn(const LayerEnv& env, int i, WeightReader& w) {
+std::variant<DenseLayer, MoeLayer> make_ffn(const LayerEnv& env, int i, WeightSource& w) {
   if (env.cfg.ffn[i] == FfnKind::kDense) {
     return std::variant<DenseLayer, MoeLayer>(std::in_place_type<DenseLayer>, env, i, w);
   }
@@ -27,33 +27,47 @@ std::variant<DenseLayer, MoeLayer> make_ffn(const LayerEnv& env, int i, WeightRe
 
 Model::Model(const ModelConfig& cfg, const Mapping& mapping, Ops& ops, Comm& comm, const Checkpoint& ckpt)
     : cfg_(cfg), mapping_(mapping), ops_(ops), comm_(comm) {
+  WeightReader w(ckpt, cfg_, mapping_, &ops_);
+  load(w);
+}
+
+Model::Model(const ModelConfig& cfg, const Mapping& mapping, Ops& ops, Comm& comm, WeightSource& weights)
+    : cfg_(cfg), mapping_(mapping), ops_(ops), comm_(comm) {
+  load(weights);
+}
+
+void Model::load(WeightSource& w) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   auto last_report = start;
-  WeightReader w(ckpt, cfg_, mapping_);
   const size_t bytes_before = w.bytes_read();
+  const int64_t total = w.bytes_to_load();
   const LayerEnv e = env();
 
-  embed_ = ops_.upload(w.read("embed"));
+  embed_ = w.load("embed");
   layers_.reserve(cfg_.num_layers);
   for (int i = 0; i < cfg_.num_layers; ++i) {
-    layers_.push_back(Layer{ops_.upload(w.read(fmt::format("layers.{}.input_norm", i))),
-                            ops_.upload(w.read(fmt::format("layers.{}.post_attn_norm", i))),
-                            make_attention(e, i, w), make_ffn(e, i, w),
-                            read_attn_res(w, fmt::format("layers.{}.attn_res", i)),
+    layers_.push_back(Layer{w.load(fmt::format("layers.{}.input_norm", i)),
+                            w.load(fmt::format("layers.{}.post_attn_norm", i)), make_attention(e, i, w),
+                            make_ffn(e, i, w), read_attn_res(w, fmt::format("layers.{}.attn_res", i)),
                             read_attn_res(w, fmt::format("layers.{}.mlp_res", i))});
     if (Clock::now() - last_report > std::chrono::seconds(2)) {
       last_report = Clock::now();
-      spdlog::info("loading weights: layer {}/{}, {:.2f} GB read", i + 1, cfg_.num_layers,
-                   static_cast<double>(w.bytes_read() - bytes_before) / 1e9);
+      const double secs = std::chrono::duration<double>(last_report - start).count();
+      const double done = static_cast<double>(w.bytes_loaded());
+      const double rate = done / secs;
+      spdlog::info("loading weights: layer {}/{}, {:.2f} of {:.2f} GB, {:.2f} GB/s, ETA {:.0f} s", i + 1,
+                   cfg_.num_layers, done / 1e9, static_cast<double>(total) / 1e9, rate / 1e9,
+                   rate > 0 ? (static_cast<double>(total) - done) / rate : 0.0);
     }
   }
   output_res_ = read_attn_res(w, "output_res");
-  final_norm_ = ops_.upload(w.read("final_norm"));
-  lm_head_ = ops_.upload(w.read("lm_head"));
+  final_norm_ = w.load("final_norm");
+  lm_head_ = w.load("lm_head");
   weight_bytes_read_ = w.bytes_read() - bytes_before;
+  weight_bytes_loaded_ = w.bytes_loaded();
   spdlog::info("loaded {} layers ({:.1f} MB of weights on this rank) in {:.2f} s", cfg_.num_layers,
-               static_cast<double>(weight_bytes_read_) / 1e6,
+               static_cast<double>(weight_bytes_loaded_) / 1e6,
                std::chrono::duration<double>(Clock::now() - start).count());
 }
 
@@ -80,11 +94,10 @@ int64_t Model::kda_state_bytes_per_slot() const {
   return bytes;
 }
 
-Model::AttnResWeights Model::read_attn_res(WeightReader& w, const std::string& key) {
+Model::AttnResWeights Model::read_attn_res(WeightSource& w, const std::string& key) {
   if (cfg_.attn_res_block_size == 0) return {};
   // The projection is stored [1, hidden]; the op takes it as a vector.
-  return AttnResWeights{ops_.upload(w.read(key + "_norm")),
-                        ops_.upload(w.read(key + "_proj").reshape({cfg_.hidden_size}))};
+  return AttnResWeights{w.load(key + "_norm"), w.load(key + "_proj").reshape({cfg_.hidden_size})};
 }
 
 Tensor Model::attention(Layer& l, const Tensor& h, const StepContext& ctx) {
@@ -136,13 +149,13 @@ Tensor Model::forward(const StepContext& ctx) {
   Tensor h = ops_.embedding(embed_, ctx.token_ids);  // [T, hidden]
   h = cfg_.attn_res_block_size > 0 ? attn_res_stack(h, ctx) : residual_stack(h, ctx);
   Tensor last = ops_.rms_norm(ops_.gather_rows(h, ctx.logit_rows), final_norm_, eps);  // [R, hidden]
-  Tensor logits = ops_.linear(last, lm_head_);                                         // [R, vocab / N]
+  Tensor logits = ops_.linear(last, lm_head_, /*f32_out=*/true);                      // [R, vocab / N]
   const int64_t rows = last.dim(0);
   if (mapping_.world() > 1) {
     // [N, R, V/N] -> [R, N, V/N] = [R, V]: shard n holds vocabulary rows [n·V/N, (n+1)·V/N).
     logits = ops_.transpose01(comm_.all_gather(logits, CommGroup::kWorld)).reshape({rows, cfg_.vocab_size});
   }
-  return ops_.to_host_f32(logits);
+  return logits;
 }
 
 }  // namespace hlm

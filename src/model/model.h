@@ -18,19 +18,24 @@ class Model {
  public:
   // Reads this rank's weights from `ckpt` (validated against the config first).
   Model(const ModelConfig& cfg, const Mapping& mapping, Ops& ops, Comm& comm, const Checkpoint& ckpt);
+  // Loads this rank's weights from any source (a checkpoint, or random weights for benchmarks).
+  Model(const ModelConfig& cfg, const Mapping& mapping, Ops& ops, Comm& comm, WeightSource& weights);
 
   // KDA state for `slots` sequences and `pages` MLA pages of `tokens_per_block` tokens on this rank.
   void allocate_caches(int32_t slots, int64_t pages, int64_t tokens_per_block);
   // Zeroes the KDA state of a slot before a new sequence uses it.
   void reset_slot(int32_t slot);
 
-  // One step over the ragged batch of `ctx`; returns the logits of ctx.logit_rows as host F32
-  // [rows, vocab], identical on every rank.
+  // One step over the ragged batch of `ctx`; returns the logits of ctx.logit_rows as a backend F32
+  // tensor [rows, vocab], identical on every rank.
   Tensor forward(const StepContext& ctx);
+  Ops& ops() { return ops_; }
 
   const ModelConfig& config() const { return cfg_; }
   const Mapping& mapping() const { return mapping_; }
   size_t weight_bytes_read() const { return weight_bytes_read_; }
+  // Bytes this rank's weights take on the backend.
+  int64_t weight_bytes_loaded() const { return weight_bytes_loaded_; }
   // Bytes of KDA state (conv window + recurrent) one sequence slot takes on this rank.
   int64_t kda_state_bytes_per_slot() const;
 
@@ -49,13 +54,14 @@ class Model {
     AttnResWeights mlp_res;   // before the FFN (K3)
   };
 
+  void load(WeightSource& w);
   Tensor attention(Layer& l, const Tensor& h, const StepContext& ctx);
   Tensor feed_forward(Layer& l, const Tensor& h);
   // The layer stack over the embeddings: plain pre-norm residuals, or block attention residuals. Both
   // return the hidden state that enters the final norm. [T, hidden]
   Tensor residual_stack(Tensor h, const StepContext& ctx);
   Tensor attn_res_stack(Tensor h, const StepContext& ctx);
-  AttnResWeights read_attn_res(WeightReader& w, const std::string& key);
+  AttnResWeights read_attn_res(WeightSource& w, const std::string& key);
 
   LayerEnv env() { return LayerEnv{cfg_, mapping_, ops_, comm_}; }
 
@@ -69,6 +75,7 @@ class Model {
   Tensor final_norm_;          // [hidden]
   Tensor lm_head_;             // [vocab / N, hidden]
   size_t weight_bytes_read_ = 0;
+  int64_t weight_bytes_loaded_ = 0;
 };
 
 }  // namespace hlm

@@ -1,7 +1,8 @@
 // StepContext: everything one forward step needs besides the weights, already resolved to this rank's
 // view (docs/HELIX.md §3): which rows belong to which sequence and state slot, where each new token's
 // latent goes (or -1 when another CP rank owns it), and how many local keys each query sees. Built by the
-// runtime from the KV manager and the placement functions; layers only read it.
+// runtime from the KV manager and the placement functions on the host, then staged on the backend (the
+// tensors below live where the ops run; SeqBatch/MlaBatch carry both forms); layers only read it.
 #pragma once
 
 #include <vector>
@@ -14,14 +15,14 @@ namespace hlm {
 struct StepContext {
   int64_t num_tokens = 0;
   Tensor token_ids;           // [T] I32
-  std::vector<SeqSpan> seqs;  // KDA: rows and state slot of each sequence
+  SeqBatch seqs;              // KDA: rows and state slot of each sequence
   bool decode_only = false;   // every sequence has exactly one new token (recurrent KDA path)
 
   // MLA, this rank's view.
   Tensor write_slots;  // [T] I64: flat cache slot (page·P + offset) or -1
   Tensor kv_len;       // [T] I32: visible local keys of each query
   Tensor page_table;   // [pages] I32: local physical pages, sequence after sequence
-  std::vector<MlaSeq> mla_seqs;
+  MlaBatch mla;
 
   Tensor logit_rows;  // [R] I32: rows whose logits the step returns
 };

@@ -302,6 +302,12 @@ int64_t box_numel(const WeightSpec& spec, const TensorBox& box) {
   return n;
 }
 
+Shape box_shape(const WeightSpec& spec, const TensorBox& box) {
+  Shape shape = box.view.empty() ? spec.shape : box.view;
+  for (size_t d = 0; d < box.ranges.size(); ++d) shape[d] = box.ranges[d].second - box.ranges[d].first;
+  return shape;
+}
+
 int64_t stored_parameters(const WeightSpec& spec) {
   switch (spec.storage) {
     case WeightSpec::Storage::kPlain:

@@ -69,8 +69,10 @@ std::vector<WeightSpec> weight_layout(const ModelConfig& cfg);
 // The part of `spec` rank `m` holds, or nullopt if it holds none of it.
 std::optional<TensorBox> rank_box(const WeightSpec& spec, const Mapping& m);
 
-// Elements inside a box of `spec` (the whole tensor when `box` is empty).
+// Elements inside a box of `spec` (the whole tensor when `box` is empty), and the box's shape (what a read
+// of it returns).
 int64_t box_numel(const WeightSpec& spec, const TensorBox& box);
+Shape box_shape(const WeightSpec& spec, const TensorBox& box);
 
 // Model parameters a stored tensor of `spec` holds (its elements, unpacked for MXFP4 codes).
 int64_t stored_parameters(const WeightSpec& spec);

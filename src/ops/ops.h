@@ -1,13 +1,19 @@
 // The op interface. Every layer in model/ is written once against this class and never branches on the
 // backend; ops/cpu/ is the reference implementation (fp32, OpenMP, OpenBLAS for GEMMs) and every other
-// backend is tested against it. Ops return freshly allocated outputs unless they update a cache or state
-// in place; an output passed by reference is allocated when undefined, and otherwise must already have
-// the output's shape and dtype and is overwritten. Ragged batches (several sequences, each with its own
-// number of new tokens) are described by SeqSpan lists; tokens of one sequence are consecutive rows, the
-// spans of one call are disjoint and use distinct slots, and rows outside every span come out as 0.
+// backend (ops/cuda/) is tested against it. Ops return freshly allocated outputs unless they update a cache
+// or state in place; an output passed by reference is allocated when undefined, and otherwise must already
+// have the output's shape and dtype and is overwritten. Ragged batches (several sequences, each with its
+// own number of new tokens) are described by SeqBatch lists; tokens of one sequence are consecutive rows,
+// the spans of one call are disjoint and use distinct slots, and rows outside every span come out as 0.
+//
+// Dtypes: the CPU backend computes in F32. A device backend keeps weights as stored (bf16, or f32 where the
+// checkpoint stores f32) and activations in bf16 with f32 accumulation, so every op accepts F32 or BF16
+// float inputs and says which dtype it returns where that matters (KDA gate, state, MLA stats, router
+// weights and logits are always F32).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -23,6 +29,17 @@ struct SeqSpan {
   int32_t slot = 0;
 };
 
+// A ragged batch in the two forms a backend needs: `spans` on the host (argument checks, launch shapes)
+// and, for a device backend, `table`: the same spans as I32 [S, 3] (token_begin, token_count, slot) in
+// device memory, which is what kernels read. Under CUDA graphs the table is a fixed buffer refilled before
+// each replay while `spans` are those of the captured step, so kernels take counts and slots from the
+// table only. A span with token_count 0 is padding (a graph's unused batch entry) and may use slot -1.
+struct SeqBatch {
+  SeqBatch(std::vector<SeqSpan> s = {}) : spans(std::move(s)) {}  // NOLINT: implicit from a span list
+  std::vector<SeqSpan> spans;
+  Tensor table;
+};
+
 // One sequence's MLA attention work on this rank: its queries are rows [token_begin, token_begin +
 // token_count); its local keys are the first kv_len[t] entries of the pages listed in
 // page_table[page_begin, page_begin + num_pages) (physical page ids, I32, in local order).
@@ -31,6 +48,64 @@ struct MlaSeq {
   int64_t token_count = 0;
   int64_t page_begin = 0;
   int64_t num_pages = 0;
+};
+
+// MLA sequences in both forms, as SeqBatch: `table` is I32 [S, 4] (token_begin, token_count, page_begin,
+// num_pages) in device memory for a device backend.
+struct MlaBatch {
+  MlaBatch(std::vector<MlaSeq> s = {}) : seqs(std::move(s)) {}  // NOLINT: implicit from a sequence list
+  std::vector<MlaSeq> seqs;
+  Tensor table;
+};
+
+// The routed experts this rank holds. Dense: gate, up [E_l, I, D] and down [E_l, D, I] in a float dtype.
+// MXFP4 (K3, docs/MODEL.md §7.5): the same logical shapes stored as U8 codes with two e2m1 values per byte
+// (low nibble = even column) [E_l, rows, cols/2] and one UE8M0 scale per 32 columns [E_l, rows, cols/32].
+struct ExpertWeights {
+  Tensor gate, up, down;
+  Tensor gate_scale, up_scale, down_scale;  // defined only for MXFP4
+  bool mxfp4() const { return gate_scale.defined(); }
+  int64_t local_experts() const { return gate.dim(0); }
+  int64_t intermediate() const { return gate.dim(1); }
+  int64_t hidden() const { return down.dim(1); }
+};
+
+// Sampling of one row of logits. Greedy at temperature 0 (lowest index on ties); otherwise softmax of
+// logits / temperature restricted to the top_k largest (0: no limit, ties at the k-th value kept) and then
+// to the smallest set of most likely tokens holding top_p of the remaining mass (ties at the cut kept),
+// sampled by inverse CDF in index order with a uniform number that is a pure function of (seed, stream,
+// counter) (ops/sample_rng.h), so a sequence's tokens depend neither on its batch nor on the backend.
+struct SampleParams {
+  float temperature = 0.0f;
+  int64_t top_k = 0;
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+  uint64_t stream = 0;   // the sequence
+  uint64_t counter = 0;  // tokens the sequence has sampled before
+};
+
+// Contents for a weight tensor with no checkpoint (bench --random-weights): uniform values in [-scale,
+// scale] (float dtypes), or bytes uniform in [byte_lo, byte_hi] (U8), from a counter-based hash of (seed,
+// element index), so every backend builds the same model.
+struct RandomFill {
+  float scale = 0.0f;
+  float offset = 0.0f;  // added to the uniform value (norm weights around 1)
+  uint8_t byte_lo = 0;
+  uint8_t byte_hi = 255;
+  uint64_t seed = 0;
+};
+
+// A captured sequence of device work replayed as a unit (a CUDA graph of one decode step).
+class StepGraph {
+ public:
+  virtual ~StepGraph() = default;
+  virtual void replay() = 0;
+};
+
+// Device memory as a backend sees it (bytes).
+struct MemoryInfo {
+  int64_t free = 0;
+  int64_t total = 0;
 };
 
 struct RouterParams {
@@ -55,20 +130,48 @@ class Ops {
   // --- memory -----------------------------------------------------------------------------------------
   virtual Tensor empty(const Shape& shape, DType dtype) = 0;
   virtual Tensor zeros(const Shape& shape, DType dtype) = 0;
-  // Host tensor (any float dtype) -> backend tensor in the backend's weight dtype. Index tensors (I32,
-  // I64: ids, page tables, slots) are copied unchanged.
-  virtual Tensor upload(const Tensor& host) = 0;
+  // The dtype this backend keeps a weight stored as `stored` in (CPU: F32 for every float; a device
+  // backend: BF16 for 16-bit floats, F32 for F32; U8 stays U8).
+  virtual DType weight_dtype(DType stored) const = 0;
+  // Host tensor -> backend tensor in weight_dtype(host.dtype()). Index tensors (I32, I64: ids, page
+  // tables, slots) and U8 are copied unchanged.
+  Tensor upload(const Tensor& host);
+  // Host tensor (any dtype) -> an existing backend tensor `dst` of the same shape, converting float
+  // dtypes to dst's (e.g. a weight into its slice of a fused projection, or step metadata into a graph's
+  // fixed buffer).
+  virtual void upload_into(const Tensor& host, Tensor& dst) = 0;
   // Backend tensor -> host F32 tensor.
   virtual Tensor to_host_f32(const Tensor& t) = 0;
-  virtual void copy(const Tensor& src, Tensor& dst) = 0;  // same shape
+  // Backend tensor -> host tensor of the same dtype.
+  virtual Tensor to_host(const Tensor& t) = 0;
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;  // same shape and dtype, both on the backend
   // Sets every element of t (any dtype; a view such as one state slot) to zero.
   virtual void fill_zero(Tensor& t) = 0;
+  // Fills a backend tensor with reproducible pseudo-random contents (RandomFill).
+  virtual void random_fill(Tensor& t, const RandomFill& fill) = 0;
+  virtual MemoryInfo memory_info() const = 0;
+
+  // --- steps and graphs -------------------------------------------------------------------------------
+  // Between begin_step() and end_step() every tensor an op allocates is scratch that dies with the step;
+  // a device backend serves it from a preallocated arena, so a step never calls the device allocator and
+  // its addresses repeat (what CUDA graphs need). Outside a step, allocations are long-lived (weights,
+  // caches). end_step() waits for the step's device work.
+  virtual void begin_step() {}
+  virtual void end_step() {}
+  // Sets aside `bytes` of device memory for step scratch (a device backend's arena; no-op on the CPU).
+  virtual void reserve_workspace(int64_t bytes) {}
+  // Runs `body` once, recording its device work as a graph to replay (nullptr where the backend has no
+  // graphs). The body's tensors must stay alive as long as the graph.
+  virtual std::unique_ptr<StepGraph> capture(const std::function<void()>& body) {
+    body();
+    return nullptr;
+  }
 
   // --- dense ------------------------------------------------------------------------------------------
   // table [V, D], ids [T] I32 -> [T, D]
   virtual Tensor embedding(const Tensor& table, const Tensor& ids) = 0;
-  // x [T, in], w [out, in] -> x·wᵀ [T, out]
-  virtual Tensor linear(const Tensor& x, const Tensor& w) = 0;
+  // x [T, in], w [out, in] -> x·wᵀ [T, out], in the activation dtype, or F32 with f32_out (logits).
+  virtual Tensor linear(const Tensor& x, const Tensor& w, bool f32_out = false) = 0;
   // Row-wise RMSNorm over the last dim: w · (x · rsqrt(mean(x²) + eps)). x [..., D], w [D].
   virtual Tensor rms_norm(const Tensor& x, const Tensor& w, float eps) = 0;
   // y += x, same shape.
@@ -83,8 +186,9 @@ class Ops {
   // result is Σ_c softmax_c(score)·v_c of the raw candidates. proj, norm [D].
   virtual Tensor attn_res(const std::vector<Tensor>& candidates, const Tensor& proj, const Tensor& norm,
                           float eps) = 0;
-  // x [T, H, a], w [H, a, b] -> y[t, h] = x[t, h]·w[h]  [T, H, b]
-  virtual Tensor head_matmul(const Tensor& x, const Tensor& w) = 0;
+  // x [T, H, a], w [H, a, b] -> y[t, h] = x[t, h]·w[h]  [T, H, b]; with w_transposed, w [H, b, a] and
+  // y[t, h] = x[t, h]·w[h]ᵀ.
+  virtual Tensor head_matmul(const Tensor& x, const Tensor& w, bool w_transposed = false) = 0;
   // Columns [begin, end) of the last dimension. x [..., C] -> [..., end - begin]
   virtual Tensor slice_last(const Tensor& x, int64_t begin, int64_t end) = 0;
   // Concatenation along the last dimension; leading dimensions must agree.
@@ -97,8 +201,7 @@ class Ops {
   // --- KDA --------------------------------------------------------------------------------------------
   // Depthwise causal conv (kernel W, no bias) + silu per sequence, continuing from and updating the
   // sequence's conv state (the last W-1 raw inputs). x [T, C], w [C, W], state [slots, C, W-1] -> [T, C]
-  virtual Tensor short_conv(const Tensor& x, const Tensor& w, const std::vector<SeqSpan>& seqs,
-                            Tensor& state) = 0;
+  virtual Tensor short_conv(const Tensor& x, const Tensor& w, const SeqBatch& seqs, Tensor& state) = 0;
   // Forget gate in log space. graw [T, H·K], a_log [H], dt_bias [H·K] -> g [T, H·K] (fp32, g <= 0).
   // lower_bound == 0: g = -exp(a_log)·softplus(graw + dt_bias) (threshold 20);
   // lower_bound < 0:  g = lower_bound·sigmoid(exp(a_log)·(graw + dt_bias))   (K3's bounded gate).
@@ -108,11 +211,11 @@ class Ops {
   // are the raw conv outputs: the op L2-normalizes q and k (eps 1e-6 inside the sqrt) and scales q by
   // K^-0.5. g [T, H, K] fp32 log decays, beta [T, H]. Returns o [T, H, V].
   // kda_prefill uses the chunked form (chunk 64, pairwise decays only); kda_decode the recurrence and
-  // requires token_count == 1 for every sequence. Both are exact forms of the same math.
+  // requires token_count <= 1 for every sequence (0: padding). Both are exact forms of the same math.
   virtual Tensor kda_prefill(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                             const Tensor& beta, const std::vector<SeqSpan>& seqs, Tensor& state) = 0;
+                             const Tensor& beta, const SeqBatch& seqs, Tensor& state) = 0;
   virtual Tensor kda_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                            const Tensor& beta, const std::vector<SeqSpan>& seqs, Tensor& state) = 0;
+                            const Tensor& beta, const SeqBatch& seqs, Tensor& state) = 0;
   // Per head over V: w · rmsnorm(o, eps) · sigmoid(gate), all fp32. o, gate [T, H, V], w [V].
   virtual Tensor gated_rms_norm(const Tensor& o, const Tensor& gate, const Tensor& w, float eps) = 0;
 
@@ -126,7 +229,7 @@ class Ops {
   // out [T, H, v_dim], normalized within this rank, and stats [T, H, 2] = (max logit, Σ exp(logit - max)),
   // natural base, logit = q·k·scale. Rows with kv_len 0 give out 0, stats (-inf, 0).
   virtual void mla_attention(const Tensor& q, const Tensor& cache, const Tensor& page_table,
-                             const std::vector<MlaSeq>& seqs, const Tensor& kv_len, float scale,
+                             const MlaBatch& seqs, const Tensor& kv_len, float scale,
                              int64_t v_dim, Tensor& out, Tensor& stats) = 0;
   // Exact merge of partial attentions: parts [R, T, H, V], stats [R, T, H, 2] -> [T, H, V].
   // Sources with (-inf, 0) get weight 0; a row with no keys anywhere gives 0.
@@ -140,11 +243,15 @@ class Ops {
   virtual void moe_route(const Tensor& x, const Tensor& w, const Tensor& bias, const RouterParams& p,
                          Tensor& idx, Tensor& weights) = 0;
   // Σ_k weights[t,k] · E_{idx[t,k]}(x[t]) over the experts this rank holds, [expert_begin, expert_begin +
-  // E_l), accumulated in fp32. E_e(x) = down_e(act(gate_e x) · up_e x). x [T, D], gate/up [E_l, I, D], down
-  // [E_l, D, I] -> [T, D]. Tokens routed to experts elsewhere contribute nothing here.
-  virtual Tensor moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& gate,
-                             const Tensor& up, const Tensor& down, int64_t expert_begin,
-                             const ActivationParams& act) = 0;
+  // E_l), accumulated in fp32. E_e(x) = down_e(act(gate_e x) · up_e x). x [T, D], experts (ExpertWeights)
+  // -> [T, D]. Tokens routed to experts elsewhere contribute nothing here.
+  virtual Tensor moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights,
+                             const ExpertWeights& experts, int64_t expert_begin, const ActivationParams& act) = 0;
+
+  // --- sampling ---------------------------------------------------------------------------------------
+  // One token id per row of logits [R, V] (F32) with rows[r]'s parameters (SampleParams); -1 for a row
+  // holding a non-finite logit. Returns host ids.
+  virtual std::vector<int32_t> sample(const Tensor& logits, const std::vector<SampleParams>& rows) = 0;
 };
 
 }  // namespace hlm

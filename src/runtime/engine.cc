@@ -17,26 +17,98 @@ Placement make_placement(const Mapping& m, const EngineOptions& o) {
   return Placement{o.tokens_per_block, m.cp};
 }
 
+int64_t page_count(const Mapping& m, const EngineOptions& o) {
+  return o.num_pages > 0 ? o.num_pages : pages_per_rank(make_placement(m, o), o.max_batch, o.max_seq_len);
+}
+
+// Host I32 tables of the ragged lists, the form device kernels read (ops.h SeqBatch / MlaBatch).
+Tensor span_table(const std::vector<SeqSpan>& spans) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(spans.size()), 3}, DType::kI32);
+  int32_t* p = t.data<int32_t>();
+  for (size_t i = 0; i < spans.size(); ++i) {
+    p[i * 3 + 0] = static_cast<int32_t>(spans[i].token_begin);
+    p[i * 3 + 1] = static_cast<int32_t>(spans[i].token_count);
+    p[i * 3 + 2] = spans[i].slot;
+  }
+  return t;
+}
+
+Tensor mla_table(const std::vector<MlaSeq>& seqs) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(seqs.size()), 4}, DType::kI32);
+  int32_t* p = t.data<int32_t>();
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    p[i * 4 + 0] = static_cast<int32_t>(seqs[i].token_begin);
+    p[i * 4 + 1] = static_cast<int32_t>(seqs[i].token_count);
+    p[i * 4 + 2] = static_cast<int32_t>(seqs[i].page_begin);
+    p[i * 4 + 3] = static_cast<int32_t>(seqs[i].num_pages);
+  }
+  return t;
+}
+
+// The host context moved to the backend (inside a step: the copies are step scratch).
+StepContext staged(const StepContext& host, Ops& ops) {
+  StepContext c = host;
+  c.token_ids = ops.upload(host.token_ids);
+  c.write_slots = ops.upload(host.write_slots);
+  c.kv_len = ops.upload(host.kv_len);
+  c.page_table = ops.upload(host.page_table);
+  c.logit_rows = ops.upload(host.logit_rows);
+  c.seqs.table = ops.upload(span_table(host.seqs.spans));
+  c.mla.table = ops.upload(mla_table(host.mla.seqs));
+  return c;
+}
+
 }  // namespace
 
 Engine::Engine(Model& model, Comm& comm, const EngineOptions& options)
     : model_(model),
       comm_(comm),
       options_(options),
-      kv_(make_placement(model.mapping(), options), model.mapping().cp_rank(),
-          pages_per_rank(make_placement(model.mapping(), options), options.max_batch, options.max_seq_len),
+      kv_(make_placement(model.mapping(), options), model.mapping().cp_rank(), page_count(model.mapping(), options),
           options.max_batch) {
   model_.allocate_caches(options_.max_batch, kv_.free_pages(), options_.tokens_per_block);
   spdlog::debug("engine: {} state slots, {} MLA pages of {} tokens on this rank", options_.max_batch,
                 kv_.free_pages(), options_.tokens_per_block);
 }
 
-std::vector<Tensor> Engine::step(const StepPlan& plan) {
+Engine::~Engine() = default;
+
+void Engine::broadcast(const StepPlan& plan) {
   if (comm_.size() > 1) {
     std::string bytes = plan.serialize();
     comm_.broadcast(bytes, 0);
   }
-  return execute(plan);
+}
+
+std::vector<Tensor> Engine::step(const StepPlan& plan) {
+  broadcast(plan);
+  std::vector<Tensor> out;
+  execute(plan, [&](const Tensor& logits) {
+    const Tensor host = model_.ops().to_host_f32(logits);  // [rows, vocab]
+    int64_t row = 0;
+    for (const StepEntry& e : plan.entries) {
+      const int64_t n = e.all_logits ? static_cast<int64_t>(e.tokens.size()) : 1;
+      out.push_back(host.slice(row, row + n));
+      row += n;
+    }
+  });
+  return out;
+}
+
+std::vector<int32_t> Engine::step_sample(const StepPlan& plan, const std::vector<SampleParams>& sampling) {
+  HLM_CHECK(sampling.size() == plan.entries.size(), "step_sample: {} sampling rows for {} entries",
+            sampling.size(), plan.entries.size());
+  for (const StepEntry& e : plan.entries) {
+    HLM_CHECK(!e.all_logits, "step_sample: entry of sequence {} asks for all logits", e.seq_id);
+  }
+  broadcast(plan);
+  std::vector<int32_t> ids;
+  execute(plan, [&](const Tensor& logits) {
+    Tensor rows = logits;
+    if (logits.dim(0) != static_cast<int64_t>(sampling.size())) rows = logits.slice(0, sampling.size());
+    ids = model_.ops().sample(rows, sampling);
+  });
+  return ids;
 }
 
 void Engine::serve() {
@@ -45,7 +117,7 @@ void Engine::serve() {
     comm_.broadcast(bytes, 0);
     StepPlan plan = StepPlan::deserialize(bytes);
     if (plan.stop) return;
-    execute(plan);
+    execute(plan, [](const Tensor&) {});
   }
 }
 
@@ -70,14 +142,21 @@ void Engine::warmup() {
   constexpr int64_t kWarmupSeq = -1;
   StepPlan plan;
   plan.entries.push_back(StepEntry{kWarmupSeq, true, false, std::vector<int32_t>(prefill, 0)});
-  execute(plan);
+  execute(plan, [](const Tensor&) {});
   plan.entries[0] = StepEntry{kWarmupSeq, false, false, {0}};
   plan.release = {kWarmupSeq};
-  execute(plan);
+  execute(plan, [](const Tensor&) {});
   // No rank may skip a collective-bearing forward its peers enter; agree that all of them ran it.
   Tensor ran = Tensor::filled({1}, 1.0f);
   comm_.all_reduce_sum(ran, CommGroup::kWorld);
   HLM_CHECK(static_cast<int>(ran.data<float>()[0]) == comm_.size(), "warmup did not run on every rank");
+  if (options_.cuda_graphs) {
+    const int64_t capacity =
+        std::min(kv_.free_pages(), static_cast<int64_t>(options_.max_batch) *
+                                       place.local_pages(options_.max_seq_len, 0));
+    graphs_ = std::make_unique<DecodeGraphs>(model_, options_.max_batch, capacity);
+    if (!graphs_->capture()) graphs_.reset();
+  }
   warmed_up_ = true;
   spdlog::debug("warmup done: {} prefill tokens + 1 decode step", prefill);
 }
@@ -104,9 +183,9 @@ StepContext Engine::build_context(const StepPlan& plan) {
     const auto n = static_cast<int64_t>(e.tokens.size());
     const int64_t g = kv_.global_len(e.seq_id);
     ctx.decode_only = ctx.decode_only && n == 1;
-    ctx.seqs.push_back(SeqSpan{row, n, kv_.slot(e.seq_id)});
+    ctx.seqs.spans.push_back(SeqSpan{row, n, kv_.slot(e.seq_id)});
     const std::vector<int32_t>& pages = kv_.pages(e.seq_id);
-    ctx.mla_seqs.push_back(
+    ctx.mla.seqs.push_back(
         MlaSeq{row, n, static_cast<int64_t>(page_table.size()), static_cast<int64_t>(pages.size())});
     page_table.insert(page_table.end(), pages.begin(), pages.end());
     for (int64_t j = 0; j < n; ++j) {
@@ -124,7 +203,15 @@ StepContext Engine::build_context(const StepPlan& plan) {
   return ctx;
 }
 
-std::vector<Tensor> Engine::execute(const StepPlan& plan) {
+void Engine::execute(const StepPlan& plan, const std::function<void(const Tensor&)>& consume) {
+  for (const SyntheticSeq& s : plan.synthetic) {
+    HLM_CHECK(s.length >= 0 && s.length <= options_.max_seq_len,
+              "synthetic sequence {} of {} tokens does not fit --max-seq-len {}", s.seq_id, s.length,
+              options_.max_seq_len);
+    kv_.add(s.seq_id);
+    kv_.reserve(s.seq_id, s.length);
+    kv_.commit(s.seq_id, s.length);
+  }
   for (const StepEntry& e : plan.entries) {
     HLM_CHECK(!e.tokens.empty(), "step entry for sequence {} has no tokens", e.seq_id);
     if (e.is_new) model_.reset_slot(kv_.add(e.seq_id));
@@ -133,20 +220,22 @@ std::vector<Tensor> Engine::execute(const StepPlan& plan) {
               kv_.global_len(e.seq_id) + static_cast<int64_t>(e.tokens.size()), options_.max_seq_len);
     kv_.reserve(e.seq_id, static_cast<int64_t>(e.tokens.size()));
   }
-  std::vector<Tensor> out;
   if (!plan.entries.empty()) {
-    StepContext ctx = build_context(plan);
-    Tensor logits = model_.forward(ctx);  // [rows, vocab]
-    int64_t row = 0;
-    for (const StepEntry& e : plan.entries) {
-      const int64_t n = e.all_logits ? static_cast<int64_t>(e.tokens.size()) : 1;
-      out.push_back(logits.slice(row, row + n));
-      row += n;
+    const StepContext host = build_context(plan);
+    Ops& ops = model_.ops();
+    ops.begin_step();
+    try {
+      const bool graph = graphs_ != nullptr && host.decode_only && graphs_->covers(plan.entries.size());
+      const Tensor logits = graph ? graphs_->run(host) : model_.forward(staged(host, ops));
+      consume(logits);
+    } catch (...) {
+      ops.end_step();
+      throw;
     }
+    ops.end_step();
     for (const StepEntry& e : plan.entries) kv_.commit(e.seq_id, static_cast<int64_t>(e.tokens.size()));
   }
   for (int64_t id : plan.release) kv_.release(id);
-  return out;
 }
 
 }  // namespace hlm

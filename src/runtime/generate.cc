@@ -68,11 +68,20 @@ std::vector<std::vector<int32_t>> generate(Engine& engine, const std::vector<std
     }
     if (plan.entries.empty()) break;
 
-    std::vector<Tensor> logits = engine.step(plan);
+    // Sampling happens on the backend; a mid-prompt chunk's draw is discarded without advancing its
+    // sequence's random counter.
+    std::vector<SampleParams> sampling;
+    for (Running* s : members) {
+      sampling.push_back(s->prefilled < static_cast<int64_t>(s->prompt->size()) ? SampleParams{}
+                                                                                 : s->sampler.next());
+    }
+    const std::vector<int32_t> ids = engine.step_sample(plan, sampling);
     for (size_t i = 0; i < members.size(); ++i) {
       Running& s = *members[i];
       if (s.prefilled < static_cast<int64_t>(s.prompt->size())) continue;  // mid-prompt chunk
-      const int32_t t = s.sampler.sample(logits[i][0]);
+      const int32_t t = ids[i];
+      HLM_CHECK(t >= 0, "prompt {}: the model produced non-finite logits at generated token {}", s.id,
+                s.output.size());
       s.output.push_back(t);
       if (static_cast<int64_t>(s.output.size()) >= o.max_new_tokens || is_eos(t)) s.done = true;
     }

@@ -1,12 +1,13 @@
-// Sampler: greedy when temperature is 0, else temperature / top-k / top-p sampling. Each sequence has its
-// own random stream seeded from (seed, sequence index), so a sequence's tokens do not depend on what
-// else is in the batch.
+// Sampler: the sampling state of one sequence. Greedy when temperature is 0, else temperature / top-k /
+// top-p sampling (SampleParams in ops/ops.h). The random draw of each token is a pure function of (seed,
+// sequence index, tokens sampled so far), so a sequence's tokens depend neither on what else is in the
+// batch nor on the backend that samples them.
 #pragma once
 
 #include <cstdint>
-#include <random>
 
 #include "base/tensor.h"
+#include "ops/ops.h"
 
 namespace hlm {
 
@@ -26,12 +27,15 @@ int32_t argmax(const float* logits, int64_t n);
 class Sampler {
  public:
   Sampler(const SamplingParams& params, uint64_t stream);
-  // logits: host F32 [vocab].
+  // The parameters of the sequence's next token (for a backend's sample op); advances the counter.
+  SampleParams next();
+  // Samples the next token on the host from logits: host F32 [vocab]; -1 if they are not finite.
   int32_t sample(const Tensor& logits);
 
  private:
   SamplingParams params_;
-  std::mt19937_64 rng_;
+  uint64_t stream_;
+  uint64_t counter_ = 0;
 };
 
 }  // namespace hlm

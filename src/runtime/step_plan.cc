@@ -60,6 +60,7 @@ class Reader {
 std::string StepPlan::serialize() const {
   Writer w;
   w.put<uint8_t>(stop);
+  w.put_vector(synthetic);
   w.put<uint64_t>(entries.size());
   for (const StepEntry& e : entries) {
     w.put(e.seq_id);
@@ -75,6 +76,7 @@ StepPlan StepPlan::deserialize(const std::string& bytes) {
   Reader r(bytes);
   StepPlan p;
   p.stop = r.get<uint8_t>() != 0;
+  p.synthetic = r.get_vector<SyntheticSeq>();
   const auto n = r.get<uint64_t>();
   p.entries.resize(n);
   for (StepEntry& e : p.entries) {

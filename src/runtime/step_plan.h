@@ -16,7 +16,15 @@ struct StepEntry {
   std::vector<int32_t> tokens;
 };
 
+// A sequence that starts already `length` tokens long without running them (benchmarks of long contexts):
+// it gets a state slot and the pages of `length` tokens, whose contents are whatever the caches hold.
+struct SyntheticSeq {
+  int64_t seq_id = 0;
+  int64_t length = 0;
+};
+
 struct StepPlan {
+  std::vector<SyntheticSeq> synthetic;  // registered before the entries run
   std::vector<StepEntry> entries;
   std::vector<int64_t> release;  // sequences to free after the step
   bool stop = false;             // ends the serving loop of the other ranks

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <fstream>
+#include <string>
 
 #include "ops/cpu/cpu_kernels.h"
 
@@ -47,6 +49,7 @@ void check_seq_spans(const std::vector<SeqSpan>& seqs, int64_t rows, int64_t slo
     HLM_CHECK(s.token_begin >= 0 && s.token_count >= 0 && s.token_begin + s.token_count <= rows,
               "{}: sequence {} covers rows [{}, {}), outside the {} rows of the batch", op, i, s.token_begin,
               s.token_begin + s.token_count, rows);
+    if (s.token_count == 0 && s.slot == -1) continue;  // padding
     HLM_CHECK(s.slot >= 0 && s.slot < slots, "{}: sequence {} uses state slot {}, but the state has {} slots",
               op, i, s.slot, slots);
     HLM_CHECK(!slot_used[s.slot], "{}: state slot {} is used by two sequences of one batch", op, s.slot);
@@ -61,6 +64,18 @@ void check_seq_spans(const std::vector<SeqSpan>& seqs, int64_t rows, int64_t slo
               "{}: sequences overlap: rows [{}, {}) and a sequence starting at row {}", op, prev.token_begin,
               prev.token_begin + prev.token_count, by_begin[i]->token_begin);
   }
+}
+
+MemoryInfo host_memory_info() {
+  MemoryInfo info;
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  int64_t kib = 0;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") info.free = kib * 1024;
+    if (key == "MemTotal:") info.total = kib * 1024;
+  }
+  return info;
 }
 
 void l2_normalize(const float* x, int64_t n, float scale, float* out) {

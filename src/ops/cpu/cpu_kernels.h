@@ -28,7 +28,11 @@ void expect_dim(const Tensor& t, int dim, int64_t expected, const char* op, cons
 void prepare_output(Tensor& out, const Shape& shape, DType dtype, const char* op, const char* name);
 // A ragged batch must have spans inside [0, rows), pairwise disjoint, and slots inside [0, slots) that
 // are distinct (two spans on one slot would race on its state).
+// An empty span (padding) may use slot -1.
 void check_seq_spans(const std::vector<SeqSpan>& seqs, int64_t rows, int64_t slots, const char* op);
+
+// Host RAM: MemAvailable and MemTotal of /proc/meminfo (what the CPU backend's caches can take).
+MemoryInfo host_memory_info();
 
 // --- math --------------------------------------------------------------------------------------------
 inline float logistic(float x) { return 1.0f / (1.0f + std::exp(-x)); }
@@ -57,24 +61,26 @@ void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const fl
 // --- ops implemented in their own files ----------------------------------------------------------------
 // kda_conv_gate.cc
 Tensor attn_res(const std::vector<Tensor>& candidates, const Tensor& proj, const Tensor& norm, float eps);
-Tensor short_conv(const Tensor& x, const Tensor& w, const std::vector<SeqSpan>& seqs, Tensor& state);
+Tensor short_conv(const Tensor& x, const Tensor& w, const SeqBatch& seqs, Tensor& state);
 Tensor kda_gate(const Tensor& graw, const Tensor& a_log, const Tensor& dt_bias, float lower_bound);
 Tensor gated_rms_norm(const Tensor& o, const Tensor& gate, const Tensor& w, float eps);
 // kda.cc
 Tensor kda_prefill(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                   const std::vector<SeqSpan>& seqs, Tensor& state);
+                   const SeqBatch& seqs, Tensor& state);
 Tensor kda_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                  const std::vector<SeqSpan>& seqs, Tensor& state);
+                  const SeqBatch& seqs, Tensor& state);
 // mla_attention.cc
 void cache_write(const Tensor& entries, const Tensor& slots, Tensor& cache);
-void mla_attention(const Tensor& q, const Tensor& cache, const Tensor& page_table,
-                   const std::vector<MlaSeq>& seqs, const Tensor& kv_len, float scale, int64_t v_dim,
-                   Tensor& out, Tensor& stats);
+void mla_attention(const Tensor& q, const Tensor& cache, const Tensor& page_table, const MlaBatch& seqs,
+                   const Tensor& kv_len, float scale, int64_t v_dim, Tensor& out, Tensor& stats);
 Tensor lse_combine(const Tensor& parts, const Tensor& stats);
 // moe.cc
 void moe_route(const Tensor& x, const Tensor& w, const Tensor& bias, const RouterParams& p, Tensor& idx,
                Tensor& weights);
-Tensor moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& gate,
-                   const Tensor& up, const Tensor& down, int64_t expert_begin, const ActivationParams& act);
+Tensor moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const ExpertWeights& experts,
+                   int64_t expert_begin, const ActivationParams& act);
+// sampling.cc
+int32_t sample_row(const float* logits, int64_t n, const SampleParams& p);
+std::vector<int32_t> sample(const Tensor& logits, const std::vector<SampleParams>& rows);
 
 }  // namespace hlm::cpu

@@ -9,6 +9,7 @@
 
 #include "base/half.h"
 #include "ops/cpu/cpu_kernels.h"
+#include "ops/random_hash.h"
 
 namespace hlm {
 namespace {
@@ -62,7 +63,52 @@ class CpuOps final : public Ops {
 
   Tensor empty(const Shape& shape, DType dtype) override { return Tensor::empty(shape, dtype); }
   Tensor zeros(const Shape& shape, DType dtype) override { return Tensor::zeros(shape, dtype); }
-  Tensor upload(const Tensor& host) override { return to_f32_copy(host, "upload"); }
+  DType weight_dtype(DType stored) const override {
+    return stored == DType::kBF16 || stored == DType::kF16 ? DType::kF32 : stored;
+  }
+
+  void upload_into(const Tensor& host, Tensor& dst) override {
+    expect_host(host, "upload_into", "the source");
+    expect_host(dst, "upload_into", "the destination");
+    HLM_CHECK(host.shape() == dst.shape(), "upload_into: source {} and destination {} differ in shape",
+              host.describe(), dst.describe());
+    if (host.dtype() == dst.dtype()) {
+      if (host.nbytes() > 0) std::memmove(dst.raw(), host.raw(), host.nbytes());
+      return;
+    }
+    HLM_CHECK(dst.dtype() == DType::kF32, "upload_into: cannot convert {} into {}", host.describe(),
+              dst.describe());
+    Tensor converted = to_f32_copy(host, "upload_into");
+    std::memcpy(dst.raw(), converted.raw(), converted.nbytes());
+  }
+
+  Tensor to_host(const Tensor& t) override {
+    expect_host(t, "to_host", "t");
+    return t.clone();
+  }
+
+  void random_fill(Tensor& t, const RandomFill& fill) override {
+    expect_host(t, "random_fill", "t");
+    const int64_t n = t.numel();
+    if (t.dtype() == DType::kU8) {
+      HLM_CHECK(fill.byte_lo <= fill.byte_hi, "random_fill: empty byte range [{}, {}]", fill.byte_lo,
+                fill.byte_hi);
+      uint8_t* p = t.data<uint8_t>();
+      const uint64_t span = static_cast<uint64_t>(fill.byte_hi) - fill.byte_lo + 1;
+#pragma omp parallel for
+      for (int64_t i = 0; i < n; ++i)
+        p[i] = static_cast<uint8_t>(fill.byte_lo + hash3(fill.seed, static_cast<uint64_t>(i), 1) % span);
+      return;
+    }
+    HLM_CHECK(t.dtype() == DType::kF32, "random_fill: the CPU backend holds float weights as F32, got {}",
+              t.describe());
+    float* p = t.data<float>();
+#pragma omp parallel for
+    for (int64_t i = 0; i < n; ++i)
+      p[i] = fill.offset + fill.scale * (2.0f * uniform01(fill.seed, static_cast<uint64_t>(i), 0) - 1.0f);
+  }
+
+  MemoryInfo memory_info() const override { return cpu::host_memory_info(); }
 
   Tensor to_host_f32(const Tensor& t) override {
     HLM_CHECK(t.defined() && t.dtype() != DType::kI32 && t.dtype() != DType::kI64,
@@ -101,7 +147,7 @@ class CpuOps final : public Ops {
     return out;
   }
 
-  Tensor linear(const Tensor& x, const Tensor& w) override {
+  Tensor linear(const Tensor& x, const Tensor& w, bool /*f32_out: always F32 here*/) override {
     expect_tensor(x, "linear", "x", DType::kF32, 2, "[T, in]");
     expect_tensor(w, "linear", "w", DType::kF32, 2, "[out, in]");
     expect_dim(w, 1, x.dim(1), "linear", "w [out, in]", "the input width of x [T, in]");
@@ -186,17 +232,17 @@ class CpuOps final : public Ops {
     return y;
   }
 
-  Tensor head_matmul(const Tensor& x, const Tensor& w) override {
+  Tensor head_matmul(const Tensor& x, const Tensor& w, bool w_transposed) override {
     expect_tensor(x, "head_matmul", "x", DType::kF32, 3, "[T, H, a]");
-    expect_tensor(w, "head_matmul", "w", DType::kF32, 3, "[H, a, b]");
-    expect_dim(w, 0, x.dim(1), "head_matmul", "w [H, a, b]", "the head count of x [T, H, a]");
-    expect_dim(w, 1, x.dim(2), "head_matmul", "w [H, a, b]", "the last dimension of x [T, H, a]");
-    const int64_t t_len = x.dim(0), heads = x.dim(1), a = x.dim(2), b = w.dim(2);
+    expect_tensor(w, "head_matmul", "w", DType::kF32, 3, w_transposed ? "[H, b, a]" : "[H, a, b]");
+    expect_dim(w, 0, x.dim(1), "head_matmul", "w", "the head count of x [T, H, a]");
+    expect_dim(w, w_transposed ? 2 : 1, x.dim(2), "head_matmul", "w", "the last dimension of x [T, H, a]");
+    const int64_t t_len = x.dim(0), heads = x.dim(1), a = x.dim(2), b = w_transposed ? w.dim(1) : w.dim(2);
     Tensor y = Tensor::empty({t_len, heads, b}, DType::kF32);  // [T, H, b]
     // One GEMM per head: rows of head h are strided by H·a in x and H·b in y.
     for (int64_t h = 0; h < heads; ++h) {
-      cpu::gemm(t_len, b, a, x.data<float>() + h * a, heads * a, w.data<float>() + h * a * b, b,
-                /*trans_b=*/false, y.data<float>() + h * b, heads * b, /*accumulate=*/false);
+      cpu::gemm(t_len, b, a, x.data<float>() + h * a, heads * a, w.data<float>() + h * a * b,
+                w_transposed ? a : b, w_transposed, y.data<float>() + h * b, heads * b, /*accumulate=*/false);
     }
     return y;
   }
@@ -282,8 +328,7 @@ class CpuOps final : public Ops {
     return y;
   }
 
-  Tensor short_conv(const Tensor& x, const Tensor& w, const std::vector<SeqSpan>& seqs,
-                    Tensor& state) override {
+  Tensor short_conv(const Tensor& x, const Tensor& w, const SeqBatch& seqs, Tensor& state) override {
     return cpu::short_conv(x, w, seqs, state);
   }
   Tensor kda_gate(const Tensor& graw, const Tensor& a_log, const Tensor& dt_bias,
@@ -291,11 +336,11 @@ class CpuOps final : public Ops {
     return cpu::kda_gate(graw, a_log, dt_bias, lower_bound);
   }
   Tensor kda_prefill(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                     const std::vector<SeqSpan>& seqs, Tensor& state) override {
+                     const SeqBatch& seqs, Tensor& state) override {
     return cpu::kda_prefill(q, k, v, g, beta, seqs, state);
   }
   Tensor kda_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                    const std::vector<SeqSpan>& seqs, Tensor& state) override {
+                    const SeqBatch& seqs, Tensor& state) override {
     return cpu::kda_decode(q, k, v, g, beta, seqs, state);
   }
   Tensor gated_rms_norm(const Tensor& o, const Tensor& gate, const Tensor& w, float eps) override {
@@ -305,9 +350,8 @@ class CpuOps final : public Ops {
   void cache_write(const Tensor& entries, const Tensor& slots, Tensor& cache) override {
     cpu::cache_write(entries, slots, cache);
   }
-  void mla_attention(const Tensor& q, const Tensor& cache, const Tensor& page_table,
-                     const std::vector<MlaSeq>& seqs, const Tensor& kv_len, float scale, int64_t v_dim,
-                     Tensor& out, Tensor& stats) override {
+  void mla_attention(const Tensor& q, const Tensor& cache, const Tensor& page_table, const MlaBatch& seqs,
+                     const Tensor& kv_len, float scale, int64_t v_dim, Tensor& out, Tensor& stats) override {
     cpu::mla_attention(q, cache, page_table, seqs, kv_len, scale, v_dim, out, stats);
   }
   Tensor lse_combine(const Tensor& parts, const Tensor& stats) override {
@@ -318,10 +362,13 @@ class CpuOps final : public Ops {
                  Tensor& weights) override {
     cpu::moe_route(x, w, bias, p, idx, weights);
   }
-  Tensor moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& gate,
-                     const Tensor& up, const Tensor& down, int64_t expert_begin,
-                     const ActivationParams& act) override {
-    return cpu::moe_experts(x, idx, weights, gate, up, down, expert_begin, act);
+  Tensor moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const ExpertWeights& experts,
+                     int64_t expert_begin, const ActivationParams& act) override {
+    return cpu::moe_experts(x, idx, weights, experts, expert_begin, act);
+  }
+
+  std::vector<int32_t> sample(const Tensor& logits, const std::vector<SampleParams>& rows) override {
+    return cpu::sample(logits, rows);
   }
 };
 

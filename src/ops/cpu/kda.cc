@@ -230,7 +230,8 @@ void decode_pair(const KdaArgs& a, const SeqSpan& seq, int64_t h, float* qn, flo
 }  // namespace
 
 Tensor kda_prefill(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                   const std::vector<SeqSpan>& seqs, Tensor& state) {
+                   const SeqBatch& batch, Tensor& state) {
+  const std::vector<SeqSpan>& seqs = batch.spans;
   Tensor out;
   const KdaArgs a = check_kda_args("kda_prefill", q, k, v, g, beta, seqs, state, out);
   const int64_t pairs = static_cast<int64_t>(seqs.size()) * a.heads;
@@ -238,19 +239,21 @@ Tensor kda_prefill(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   {
     ChunkWorkspace ws(a.kdim, a.vdim);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t p = 0; p < pairs; ++p) prefill_pair(a, seqs[p / a.heads], p % a.heads, ws);
+    for (int64_t p = 0; p < pairs; ++p) {
+      if (seqs[p / a.heads].token_count > 0) prefill_pair(a, seqs[p / a.heads], p % a.heads, ws);
+    }
   }
   return out;
 }
 
 Tensor kda_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                  const std::vector<SeqSpan>& seqs, Tensor& state) {
+                  const SeqBatch& batch, Tensor& state) {
+  const std::vector<SeqSpan>& seqs = batch.spans;
   Tensor out;
   const KdaArgs a = check_kda_args("kda_decode", q, k, v, g, beta, seqs, state, out);
   for (size_t i = 0; i < seqs.size(); ++i) {
-    HLM_CHECK(seqs[i].token_count == 1,
-              "kda_decode: sequence {} has {} new tokens; decode takes exactly 1 (use "
-              "kda_prefill for more)",
+    HLM_CHECK(seqs[i].token_count <= 1,
+              "kda_decode: sequence {} has {} new tokens; decode takes at most 1 (use kda_prefill for more)",
               i, seqs[i].token_count);
   }
   const int64_t pairs = static_cast<int64_t>(seqs.size()) * a.heads;
@@ -259,7 +262,9 @@ Tensor kda_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
     std::vector<float> qn(a.kdim), kn(a.kdim), u(a.vdim);
 #pragma omp for
     for (int64_t p = 0; p < pairs; ++p) {
-      decode_pair(a, seqs[p / a.heads], p % a.heads, qn.data(), kn.data(), u.data());
+      if (seqs[p / a.heads].token_count == 1) {
+        decode_pair(a, seqs[p / a.heads], p % a.heads, qn.data(), kn.data(), u.data());
+      }
     }
   }
   return out;

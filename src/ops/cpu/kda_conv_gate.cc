@@ -5,7 +5,8 @@
 
 namespace hlm::cpu {
 
-Tensor short_conv(const Tensor& x, const Tensor& w, const std::vector<SeqSpan>& seqs, Tensor& state) {
+Tensor short_conv(const Tensor& x, const Tensor& w, const SeqBatch& batch, Tensor& state) {
+  const std::vector<SeqSpan>& seqs = batch.spans;
   const char* op = "short_conv";
   expect_tensor(x, op, "x", DType::kF32, 2, "[T, C]");
   expect_tensor(w, op, "w", DType::kF32, 2, "[C, W]");

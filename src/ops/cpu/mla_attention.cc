@@ -30,9 +30,9 @@ void cache_write(const Tensor& entries, const Tensor& slots, Tensor& cache) {
   }
 }
 
-void mla_attention(const Tensor& q, const Tensor& cache, const Tensor& page_table,
-                   const std::vector<MlaSeq>& seqs, const Tensor& kv_len, float scale, int64_t v_dim,
-                   Tensor& out, Tensor& stats) {
+void mla_attention(const Tensor& q, const Tensor& cache, const Tensor& page_table, const MlaBatch& batch,
+                   const Tensor& kv_len, float scale, int64_t v_dim, Tensor& out, Tensor& stats) {
+  const std::vector<MlaSeq>& seqs = batch.seqs;
   const char* op = "mla_attention";
   expect_tensor(q, op, "q", DType::kF32, 3, "[T, H, D]");
   expect_tensor(cache, op, "cache", DType::kF32, 3, "[pages, P, D]");

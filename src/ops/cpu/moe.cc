@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "ops/cpu/cpu_kernels.h"
+#include "weights/mxfp4.h"
 
 namespace hlm::cpu {
 namespace {
@@ -88,24 +89,60 @@ void moe_route(const Tensor& x, const Tensor& w, const Tensor& bias, const Route
   }
 }
 
-Tensor moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& gate,
-                   const Tensor& up, const Tensor& down, int64_t expert_begin, const ActivationParams& act) {
+namespace {
+
+// Expert e's matrix `which` as F32 [rows, cols]: a view of the dense weight, or its MXFP4 codes and scales
+// dequantized for this call (the CPU keeps K3's experts packed, as a device backend does).
+Tensor expert_matrix(const Tensor& w, const Tensor& scale, int64_t e, const char* which) {
+  if (!scale.defined()) return w[e];
+  return dequantize_mxfp4(w[e], scale[e], fmt::format("moe_experts {}[{}]", which, e));
+}
+
+void check_mxfp4_pair(const Tensor& codes, const Tensor& scale, int64_t rows, int64_t cols, const char* name) {
+  const char* op = "moe_experts";
+  expect_tensor(codes, op, name, DType::kU8, 3, "[E_l, rows, cols/2] (MXFP4 codes)");
+  expect_tensor(scale, op, name, DType::kU8, 3, "[E_l, rows, cols/32] (MXFP4 scales)");
+  HLM_CHECK(cols % 32 == 0 && codes.dim(1) == rows && codes.dim(2) * 2 == cols && scale.dim(1) == rows &&
+                scale.dim(2) * 32 == cols && scale.dim(0) == codes.dim(0),
+            "moe_experts: MXFP4 {} codes {} and scales {} do not hold a [{}, {}] matrix per expert", name,
+            codes.describe(), scale.describe(), rows, cols);
+}
+
+}  // namespace
+
+Tensor moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const ExpertWeights& ew,
+                   int64_t expert_begin, const ActivationParams& act) {
   const char* op = "moe_experts";
   expect_tensor(x, op, "x", DType::kF32, 2, "[T, D]");
   expect_tensor(idx, op, "idx", DType::kI32, 2, "[T, k]");
   expect_tensor(weights, op, "weights", DType::kF32, 2, "[T, k]");
-  expect_tensor(gate, op, "gate", DType::kF32, 3, "[E_l, I, D]");
-  expect_tensor(up, op, "up", DType::kF32, 3, "[E_l, I, D]");
-  expect_tensor(down, op, "down", DType::kF32, 3, "[E_l, D, I]");
   expect_dim(idx, 0, x.dim(0), op, "idx [T, k]", "the token count of x [T, D]");
   expect_same_shape(idx, weights, op, "idx", "weights", "[T, k]");
-  expect_same_shape(gate, up, op, "gate", "up", "[E_l, I, D]");
-  expect_dim(gate, 2, x.dim(1), op, "gate [E_l, I, D]", "the hidden size of x [T, D]");
   const int64_t rows = x.dim(0), hidden = x.dim(1), top_k = idx.dim(1);
-  const int64_t local = gate.dim(0), inter = gate.dim(1);
-  expect_dim(down, 0, local, op, "down [E_l, D, I]", "the local expert count of gate [E_l, I, D]");
-  expect_dim(down, 1, hidden, op, "down [E_l, D, I]", "the hidden size of x [T, D]");
-  expect_dim(down, 2, inter, op, "down [E_l, D, I]", "the intermediate size of gate [E_l, I, D]");
+  int64_t local = 0, inter = 0;
+  if (ew.mxfp4()) {
+    HLM_CHECK(ew.gate.defined() && ew.up.defined() && ew.down.defined() && ew.up_scale.defined() &&
+                  ew.down_scale.defined(),
+              "moe_experts: MXFP4 experts need codes and scales for gate, up and down");
+    local = ew.gate.dim(0);
+    inter = ew.gate.rank() == 3 ? ew.gate.dim(1) : 0;
+    check_mxfp4_pair(ew.gate, ew.gate_scale, inter, hidden, "gate");
+    check_mxfp4_pair(ew.up, ew.up_scale, inter, hidden, "up");
+    check_mxfp4_pair(ew.down, ew.down_scale, hidden, inter, "down");
+    expect_dim(ew.up, 0, local, op, "up", "the local expert count of gate");
+    expect_dim(ew.down, 0, local, op, "down", "the local expert count of gate");
+  } else {
+    expect_tensor(ew.gate, op, "gate", DType::kF32, 3, "[E_l, I, D]");
+    expect_tensor(ew.up, op, "up", DType::kF32, 3, "[E_l, I, D]");
+    expect_tensor(ew.down, op, "down", DType::kF32, 3, "[E_l, D, I]");
+    expect_same_shape(ew.gate, ew.up, op, "gate", "up", "[E_l, I, D]");
+    expect_dim(ew.gate, 2, hidden, op, "gate [E_l, I, D]", "the hidden size of x [T, D]");
+    local = ew.gate.dim(0);
+    inter = ew.gate.dim(1);
+    expect_dim(ew.down, 0, local, op, "down [E_l, D, I]", "the local expert count of gate [E_l, I, D]");
+    expect_dim(ew.down, 1, hidden, op, "down [E_l, D, I]", "the hidden size of x [T, D]");
+    expect_dim(ew.down, 2, inter, op, "down [E_l, D, I]", "the intermediate size of gate [E_l, I, D]");
+  }
   HLM_CHECK(expert_begin >= 0, "moe_experts: expert_begin must be >= 0, got {}", expert_begin);
   const int32_t* ip = idx.data<int32_t>();
   const float* wp = weights.data<float>();
@@ -129,20 +166,23 @@ Tensor moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, co
     const auto& list = routed[e];
     const int64_t n = static_cast<int64_t>(list.size());
     if (n == 0) continue;
+    const Tensor gate = expert_matrix(ew.gate, ew.gate_scale, e, "gate");  // [I, D]
+    const Tensor up = expert_matrix(ew.up, ew.up_scale, e, "up");          // [I, D]
+    const Tensor down = expert_matrix(ew.down, ew.down_scale, e, "down");  // [D, I]
     xs.resize(static_cast<size_t>(n * hidden));  // [n, D] gathered tokens
     hg.resize(static_cast<size_t>(n * inter));   // [n, I] gate projection, then act(gate)·up
     hu.resize(static_cast<size_t>(n * inter));   // [n, I] up projection
     ys.resize(static_cast<size_t>(n * hidden));  // [n, D] expert output
 #pragma omp parallel for
     for (int64_t r = 0; r < n; ++r) std::copy_n(xp + list[r].first * hidden, hidden, xs.data() + r * hidden);
-    gemm(n, inter, hidden, xs.data(), hidden, gate.data<float>() + e * inter * hidden, hidden,
-         /*trans_b=*/true, hg.data(), inter, /*accumulate=*/false);
-    gemm(n, inter, hidden, xs.data(), hidden, up.data<float>() + e * inter * hidden, hidden, /*trans_b=*/true,
-         hu.data(), inter, /*accumulate=*/false);
+    gemm(n, inter, hidden, xs.data(), hidden, gate.data<float>(), hidden, /*trans_b=*/true, hg.data(), inter,
+         /*accumulate=*/false);
+    gemm(n, inter, hidden, xs.data(), hidden, up.data<float>(), hidden, /*trans_b=*/true, hu.data(), inter,
+         /*accumulate=*/false);
 #pragma omp parallel for
     for (int64_t i = 0; i < n * inter; ++i) hg[i] = glu_value(hg[i], hu[i], act);
-    gemm(n, hidden, inter, hg.data(), inter, down.data<float>() + e * hidden * inter, inter, /*trans_b=*/true,
-         ys.data(), hidden, /*accumulate=*/false);
+    gemm(n, hidden, inter, hg.data(), inter, down.data<float>(), inter, /*trans_b=*/true, ys.data(), hidden,
+         /*accumulate=*/false);
     // Serial over the list: a token listed twice for one expert must not race with itself.
     for (int64_t r = 0; r < n; ++r) {
       const float wr = list[r].second;
