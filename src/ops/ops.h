@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -36,6 +37,7 @@ struct SeqSpan {
 // table only. A span with token_count 0 is padding (a graph's unused batch entry) and may use slot -1.
 struct SeqBatch {
   SeqBatch(std::vector<SeqSpan> s = {}) : spans(std::move(s)) {}  // NOLINT: implicit from a span list
+  SeqBatch(std::initializer_list<SeqSpan> s) : spans(s) {}
   std::vector<SeqSpan> spans;
   Tensor table;
 };
@@ -54,6 +56,7 @@ struct MlaSeq {
 // num_pages) in device memory for a device backend.
 struct MlaBatch {
   MlaBatch(std::vector<MlaSeq> s = {}) : seqs(std::move(s)) {}  // NOLINT: implicit from a sequence list
+  MlaBatch(std::initializer_list<MlaSeq> s) : seqs(s) {}
   std::vector<MlaSeq> seqs;
   Tensor table;
 };

@@ -6,7 +6,7 @@
 #include <fstream>
 
 #include "model/model.h"
-#include "model/weight_reader.h"
+#include "model/weight_source.h"
 #include "ops/cpu/cpu_ops.h"
 #include "weights/mxfp4.h"
 

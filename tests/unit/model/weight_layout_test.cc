@@ -9,7 +9,7 @@
 #include <set>
 
 #include "model/memory_plan.h"
-#include "model/weight_reader.h"
+#include "model/weight_source.h"
 
 namespace hlm {
 namespace {

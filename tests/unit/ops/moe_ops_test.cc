@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "ops/cpu/cpu_ops.h"
+#include "weights/mxfp4.h"
 #include "ops_test_util.h"
 
 namespace hlm {
@@ -196,14 +197,15 @@ TEST(MoeOps, ExpertsMatchReferenceAndSplitOverRanks) {
   ActivationParams situ;
   situ.kind = Activation::kSitu;
   for (const ActivationParams& act : {ActivationParams{}, situ}) {
-    Tensor full = ops->moe_experts(x, idx, weights, gate, up, down, 0, act);
+    Tensor full = ops->moe_experts(x, idx, weights, ExpertWeights{gate, up, down}, 0, act);
     EXPECT_TRUE(all_close(full, experts_reference(x, idx, weights, gate, up, down, 0, act), 1e-5));
 
     const int64_t half = experts / 2;
-    Tensor first = ops->moe_experts(x, idx, weights, gate.slice(0, half), up.slice(0, half),
-                                    down.slice(0, half), 0, act);
-    Tensor second = ops->moe_experts(x, idx, weights, gate.slice(half, experts), up.slice(half, experts),
-                                     down.slice(half, experts), half, act);
+    Tensor first = ops->moe_experts(
+        x, idx, weights, ExpertWeights{gate.slice(0, half), up.slice(0, half), down.slice(0, half)}, 0, act);
+    Tensor second = ops->moe_experts(
+        x, idx, weights,
+        ExpertWeights{gate.slice(half, experts), up.slice(half, experts), down.slice(half, experts)}, half, act);
     EXPECT_TRUE(all_close(second,
                           experts_reference(x, idx, weights, gate.slice(half, experts),
                                             up.slice(half, experts), down.slice(half, experts), half, act),
@@ -221,14 +223,42 @@ TEST(MoeOps, ExpertsRejectBadShapes) {
          up = random_tensor({2, 4, 8}, rng);
   Tensor down = random_tensor({2, 8, 4}, rng), weights = random_tensor({3, 2}, rng);
   Tensor idx = Tensor::from_vector_i32({3, 2}, {0, 1, 1, 0, 0, 1});
-  EXPECT_NO_THROW(ops->moe_experts(x, idx, weights, gate, up, down, 0, {}));
-  EXPECT_THROW(ops->moe_experts(x, idx, weights, gate, up, random_tensor({2, 4, 8}, rng), 0, {}), Error);
-  EXPECT_THROW(ops->moe_experts(x, idx, weights, gate, random_tensor({2, 5, 8}, rng), down, 0, {}), Error);
-  EXPECT_THROW(ops->moe_experts(x, idx, random_tensor({3, 3}, rng), gate, up, down, 0, {}), Error);
-  EXPECT_THROW(ops->moe_experts(random_tensor({3, 9}, rng), idx, weights, gate, up, down, 0, {}), Error);
-  EXPECT_THROW(ops->moe_experts(x, Tensor::from_vector_i32({3, 2}, {0, -1, 1, 0, 0, 1}), weights, gate, up,
-                                down, 0, {}),
+  EXPECT_NO_THROW(ops->moe_experts(x, idx, weights, ExpertWeights{gate, up, down}, 0, {}));
+  EXPECT_THROW(ops->moe_experts(x, idx, weights, ExpertWeights{gate, up, random_tensor({2, 4, 8}, rng)}, 0, {}), Error);
+  EXPECT_THROW(ops->moe_experts(x, idx, weights, ExpertWeights{gate, random_tensor({2, 5, 8}, rng), down}, 0, {}), Error);
+  EXPECT_THROW(ops->moe_experts(x, idx, random_tensor({3, 3}, rng), ExpertWeights{gate, up, down}, 0, {}), Error);
+  EXPECT_THROW(ops->moe_experts(random_tensor({3, 9}, rng), idx, weights, ExpertWeights{gate, up, down}, 0, {}), Error);
+  EXPECT_THROW(ops->moe_experts(x, Tensor::from_vector_i32({3, 2}, {0, -1, 1, 0, 0, 1}), weights,
+                                ExpertWeights{gate, up, down}, 0, {}),
                Error);
+}
+
+TEST(MoeOps, PackedMxfp4ExpertsEqualTheirDequantizedDenseForm) {
+  auto ops = make_cpu_ops();
+  std::mt19937 rng(35);
+  const int64_t experts = 3, hidden = 64, inter = 32, rows = 5;
+  auto packed = [&](int64_t r, int64_t c) {
+    Tensor codes = Tensor::empty({experts, r, c / 2}, DType::kU8);
+    Tensor scales = Tensor::empty({experts, r, c / 32}, DType::kU8);
+    for (int64_t i = 0; i < codes.numel(); ++i) codes.data<uint8_t>()[i] = static_cast<uint8_t>(rng());
+    for (int64_t i = 0; i < scales.numel(); ++i) scales.data<uint8_t>()[i] = static_cast<uint8_t>(120 + rng() % 4);
+    return std::pair{codes, scales};
+  };
+  auto dense = [&](const std::pair<Tensor, Tensor>& p) {
+    std::vector<Tensor> parts;
+    for (int64_t e = 0; e < experts; ++e) parts.push_back(dequantize_mxfp4(p.first[e], p.second[e], "test"));
+    Tensor out = Tensor::empty({experts, parts[0].dim(0), parts[0].dim(1)}, DType::kF32);
+    for (int64_t e = 0; e < experts; ++e)
+      std::copy_n(parts[e].data<float>(), parts[e].numel(), out.data<float>() + e * parts[e].numel());
+    return out;
+  };
+  const auto g = packed(inter, hidden), u = packed(inter, hidden), d = packed(hidden, inter);
+  ExpertWeights mx{g.first, u.first, d.first, g.second, u.second, d.second};
+  Tensor x = random_tensor({rows, hidden}, rng), weights = random_tensor({rows, 2}, rng, 0.1f, 1.0f);
+  Tensor idx = Tensor::from_vector_i32({rows, 2}, {0, 1, 2, 0, 1, 1, 2, 1, 0, 2});
+  Tensor got = ops->moe_experts(x, idx, weights, mx, 0, {});
+  Tensor want = ops->moe_experts(x, idx, weights, ExpertWeights{dense(g), dense(u), dense(d)}, 0, {});
+  EXPECT_TRUE(all_close(got, want, 0.0));
 }
 
 }  // namespace
