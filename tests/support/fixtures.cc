@@ -8,7 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "base/npy.h"
-#include "ops/cpu/cpu_ops.h"
+#include "model/memory_plan.h"
+#include "ops/backend.h"
 
 namespace hlm::test {
 
@@ -49,12 +50,19 @@ GoldenCase load_golden_case(const std::string& name) {
   return c;
 }
 
-Runner::Runner(const std::string& model_dir, const Mapping& mapping, Comm& comm, EngineOptions options) {
+Runner::Runner(const std::string& model_dir, const Mapping& mapping, Comm& comm, EngineOptions options,
+               Device device) {
   config_ = load_model_config(model_dir + "/config.json");
-  ops_ = make_cpu_ops();
+  ops_ = make_ops(device, BackendOptions{});
   checkpoint_ = std::make_unique<Checkpoint>(model_dir);
   model_ = std::make_unique<Model>(config_, mapping, *ops_, comm, *checkpoint_);
+  if (device == Device::kCuda) {
+    ops_->reserve_workspace(step_scratch_bytes(config_, mapping, options.max_seq_len, options.max_seq_len));
+  } else {
+    options.cuda_graphs = false;
+  }
   engine_ = std::make_unique<Engine>(*model_, comm, options);
+  if (options.cuda_graphs) engine_->warmup();
 }
 
 Tensor sequence_logits(Engine& engine, int64_t seq_id, const std::vector<int32_t>& ids, int64_t prefill_len,

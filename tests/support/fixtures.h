@@ -30,12 +30,16 @@ struct GoldenCase {
 std::vector<std::string> golden_case_names();
 GoldenCase load_golden_case(const std::string& name);
 
-// A model and engine for one rank.
+// A model and engine for one rank, on the CPU or the CUDA backend (GPU 0). A CUDA runner reserves the step
+// workspace for steps of up to options.max_seq_len tokens and, with options.cuda_graphs, warms up and
+// captures the decode graphs.
 class Runner {
  public:
-  Runner(const std::string& model_dir, const Mapping& mapping, Comm& comm, EngineOptions options = {});
+  Runner(const std::string& model_dir, const Mapping& mapping, Comm& comm, EngineOptions options = {},
+         Device device = Device::kCpu);
   Engine& engine() { return *engine_; }
   Model& model() { return *model_; }
+  Ops& ops() { return *ops_; }
   const ModelConfig& config() const { return config_; }
 
  private:

@@ -1,0 +1,102 @@
+// K3's block attention residual mixing (docs/MODEL.md §8.2) on the GPU: one block per token. Each candidate
+// row (at most kMaxCandidates: 8 snapshots + the running sum) is reduced to its RMS and to its score
+// Σ_d rmsnorm(v)[d]·norm[d]·proj[d]; a softmax over the candidates' scores weighs the raw candidates.
+// fp32 throughout, as the mixing logits are close together (margins ~0.02).
+#include <vector>
+
+#include "ops/cuda/cuda_kernels.h"
+#include "ops/cuda/device_math.cuh"
+
+namespace hlm::cuda {
+
+namespace {
+
+constexpr int kMaxCandidates = 16;
+constexpr int kThreads = 256;
+
+struct AttnResParams {
+  const void* cand[kMaxCandidates];  // [T, D] each
+  bool cand_bf16[kMaxCandidates];
+  int num;
+  const void* proj;  // [D]
+  const void* norm;  // [D]
+  bool proj_bf16, norm_bf16;
+  float* out;  // [T, D]
+  int64_t dim;
+  float eps;
+};
+
+__device__ __forceinline__ float load(const void* p, bool is_bf16, int64_t i) {
+  return is_bf16 ? __bfloat162float(static_cast<const bf16*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+
+__global__ void attn_res_kernel(AttnResParams p) {
+  __shared__ float scratch[32];
+  __shared__ float weight[kMaxCandidates];
+  const int64_t row = blockIdx.x * p.dim;
+  for (int c = 0; c < p.num; ++c) {
+    float sq = 0.0f, dot = 0.0f;
+    for (int64_t d = threadIdx.x; d < p.dim; d += blockDim.x) {
+      const float v = load(p.cand[c], p.cand_bf16[c], row + d);
+      sq += v * v;
+      dot += v * load(p.norm, p.norm_bf16, d) * load(p.proj, p.proj_bf16, d);
+    }
+    sq = block_sum(sq, scratch);
+    dot = block_sum(dot, scratch);
+    if (threadIdx.x == 0) weight[c] = dot * rsqrtf(sq / static_cast<float>(p.dim) + p.eps);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float m = weight[0];
+    for (int c = 1; c < p.num; ++c) m = fmaxf(m, weight[c]);
+    float sum = 0.0f;
+    for (int c = 0; c < p.num; ++c) {
+      weight[c] = expf(weight[c] - m);
+      sum += weight[c];
+    }
+    for (int c = 0; c < p.num; ++c) weight[c] /= sum;
+  }
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d < p.dim; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int c = 0; c < p.num; ++c) acc += weight[c] * load(p.cand[c], p.cand_bf16[c], row + d);
+    p.out[row + d] = acc;
+  }
+}
+
+}  // namespace
+
+Tensor attn_res(CudaContext& ctx, const std::vector<Tensor>& candidates, const Tensor& proj, const Tensor& norm,
+                float eps) {
+  HLM_CHECK(!candidates.empty() && candidates.size() <= kMaxCandidates,
+            "attn_res: {} candidates, expected 1 to {}", candidates.size(), kMaxCandidates);
+  const Tensor& first = candidates[0];
+  expect_cuda(first, "attn_res", "candidate 0", {DType::kF32, DType::kBF16}, 2, "[T, D]");
+  expect_cuda(proj, "attn_res", "proj", {DType::kF32, DType::kBF16}, 1, "[D]");
+  expect_cuda(norm, "attn_res", "norm", {DType::kF32, DType::kBF16}, 1, "[D]");
+  expect_dim(proj, 0, first.dim(1), "attn_res", "proj [D]", "the width of the candidates");
+  expect_dim(norm, 0, first.dim(1), "attn_res", "norm [D]", "the width of the candidates");
+  AttnResParams p{};
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    expect_cuda(candidates[c], "attn_res", "a candidate", {DType::kF32, DType::kBF16}, 2, "[T, D]");
+    expect_same_shape(candidates[c], first, "attn_res", "a candidate", "candidate 0");
+    p.cand[c] = candidates[c].raw();
+    p.cand_bf16[c] = candidates[c].dtype() == DType::kBF16;
+  }
+  p.num = static_cast<int>(candidates.size());
+  p.proj = proj.raw();
+  p.norm = norm.raw();
+  p.proj_bf16 = proj.dtype() == DType::kBF16;
+  p.norm_bf16 = norm.dtype() == DType::kBF16;
+  Tensor out = ctx.empty(first.shape(), DType::kF32);  // [T, D]
+  p.out = static_cast<float*>(out.raw());
+  p.dim = first.dim(1);
+  p.eps = eps;
+  if (first.dim(0) > 0) {
+    attn_res_kernel<<<static_cast<unsigned>(first.dim(0)), kThreads, 0, ctx.stream()>>>(p);
+    HLM_CHECK_LAUNCH("attn_res");
+  }
+  return out;
+}
+
+}  // namespace hlm::cuda

@@ -1,0 +1,415 @@
+// Element-wise and row-wise CUDA ops: embedding, RMSNorm, residual add, GLU (SiLU / SiTU), sigmoid and
+// sigmoid gating, the layout movers (slice, concat, gather, transpose), dtype conversion and random fill.
+// All are memory-bound: one pass over their bytes, grid-stride loops, fp32 math. Inputs may be F32 or BF16
+// (a flag per pointer, uniform across a launch, so the branch costs nothing next to the loads).
+#include <cmath>
+
+#include "ops/cuda/cuda_kernels.h"
+#include "ops/cuda/device_math.cuh"
+#include "ops/random_hash.h"
+
+namespace hlm::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// A float tensor's data with its dtype: F32 or BF16.
+struct In {
+  const void* p;
+  bool is_bf16;
+  __device__ float operator[](int64_t i) const {
+    return is_bf16 ? __bfloat162float(static_cast<const bf16*>(p)[i]) : static_cast<const float*>(p)[i];
+  }
+};
+struct Out {
+  void* p;
+  bool is_bf16;
+  __device__ void set(int64_t i, float v) const {
+    if (is_bf16) {
+      static_cast<bf16*>(p)[i] = __float2bfloat16_rn(v);
+    } else {
+      static_cast<float*>(p)[i] = v;
+    }
+  }
+};
+
+In in_of(const Tensor& t) { return In{t.raw(), t.dtype() == DType::kBF16}; }
+Out out_of(Tensor& t) { return Out{t.raw(), t.dtype() == DType::kBF16}; }
+
+unsigned grid_for(int64_t n) {
+  return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(blocks_for(n, kThreads), 1), 132 * 16));
+}
+
+#define HLM_GRID_STRIDE(i, n) \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += gridDim.x * static_cast<int64_t>(blockDim.x))
+
+// --- embedding -------------------------------------------------------------------------------------------
+struct EmbeddingParams {
+  In table;        // [V, D]
+  const int* ids;  // [T]
+  float* out;      // [T, D]
+  int64_t vocab, dim, tokens;
+};
+
+// One thread per output element. An id outside the vocabulary (validated on the host before any step;
+// here only as a last line) yields NaN, which the sampler reports as non-finite logits.
+__global__ void embedding_kernel(EmbeddingParams p) {
+  HLM_GRID_STRIDE(i, p.tokens * p.dim) {
+    const int64_t t = i / p.dim, d = i % p.dim;
+    const int id = p.ids[t];
+    p.out[i] = id >= 0 && id < p.vocab ? p.table[static_cast<int64_t>(id) * p.dim + d] : __int_as_float(0x7fc00000);
+  }
+}
+
+// --- RMSNorm ---------------------------------------------------------------------------------------------
+struct RmsNormParams {
+  In x;   // [rows, D]
+  In w;   // [D]
+  bf16* y;  // [rows, D]
+  int64_t rows, dim;
+  float eps;
+};
+
+// One block per row: the sum of squares is a block reduction, then each thread scales its columns. The
+// normalized value is rounded to bf16 before the weight multiply, as the reference does (MODEL.md §4).
+__global__ void rms_norm_kernel(RmsNormParams p) {
+  __shared__ float scratch[32];
+  const int64_t r = blockIdx.x;
+  float sum = 0.0f;
+  for (int64_t d = threadIdx.x; d < p.dim; d += blockDim.x) {
+    const float v = p.x[r * p.dim + d];
+    sum += v * v;
+  }
+  sum = block_sum(sum, scratch);
+  const float inv = rsqrtf(sum / static_cast<float>(p.dim) + p.eps);
+  for (int64_t d = threadIdx.x; d < p.dim; d += blockDim.x) {
+    const float n = __bfloat162float(__float2bfloat16_rn(p.x[r * p.dim + d] * inv));
+    p.y[r * p.dim + d] = __float2bfloat16_rn(p.w[d] * n);
+  }
+}
+
+// --- element-wise ----------------------------------------------------------------------------------------
+struct BinaryParams {
+  Out y;
+  In a, b;
+  int64_t n;
+  int act;  // Activation
+  float situ_beta, situ_linear_beta;
+};
+
+__global__ void add_kernel(BinaryParams p) {
+  HLM_GRID_STRIDE(i, p.n) { p.y.set(i, p.a[i] + p.b[i]); }
+}
+
+// act(gate) · up with the CPU backend's formulas (cpu_kernels.h glu_value).
+__global__ void glu_kernel(BinaryParams p) {
+  HLM_GRID_STRIDE(i, p.n) {
+    const float g = p.a[i], u = p.b[i];
+    float v;
+    if (p.act == static_cast<int>(Activation::kSilu)) {
+      v = silu(g) * u;
+    } else {
+      const float gate = p.situ_beta * tanhf(g / p.situ_beta) * logistic(g);
+      v = gate * (p.situ_linear_beta * tanhf(u / p.situ_linear_beta));
+    }
+    p.y.set(i, v);
+  }
+}
+
+__global__ void sigmoid_kernel(BinaryParams p) {
+  HLM_GRID_STRIDE(i, p.n) { p.y.set(i, logistic(p.a[i])); }
+}
+
+__global__ void sigmoid_gate_kernel(BinaryParams p) {
+  HLM_GRID_STRIDE(i, p.n) { p.y.set(i, p.a[i] * logistic(p.b[i])); }
+}
+
+__global__ void convert_kernel(BinaryParams p) {
+  HLM_GRID_STRIDE(i, p.n) { p.y.set(i, p.a[i]); }
+}
+
+// --- layout movers (dtype-agnostic: elements of `Elem` bytes) ------------------------------------------------
+// Copies a [rows, cols] block with row strides (in elements) src_ld/dst_ld; one thread per element.
+template <class Elem>
+struct Copy2dParams {
+  const Elem* src;
+  Elem* dst;
+  const int* rows_index;  // optional gather: source row of each destination row (-1 / out of range: zero)
+  int64_t src_rows;
+  int64_t rows, cols, src_ld, dst_ld;
+};
+
+template <class Elem>
+__global__ void copy2d_kernel(Copy2dParams<Elem> p) {
+  HLM_GRID_STRIDE(i, p.rows * p.cols) {
+    const int64_t r = i / p.cols, c = i % p.cols;
+    int64_t sr = r;
+    if (p.rows_index != nullptr) {
+      sr = p.rows_index[r];
+      if (sr < 0 || sr >= p.src_rows) {
+        p.dst[r * p.dst_ld + c] = Elem{};
+        continue;
+      }
+    }
+    p.dst[r * p.dst_ld + c] = p.src[sr * p.src_ld + c];
+  }
+}
+
+template <class Elem>
+void launch_copy2d(const Copy2dParams<Elem>& p, cudaStream_t stream) {
+  if (p.rows * p.cols == 0) return;
+  copy2d_kernel<Elem><<<grid_for(p.rows * p.cols), kThreads, 0, stream>>>(p);
+  HLM_CHECK_LAUNCH("copy2d");
+}
+
+// Dispatches on the element size; rows/cols/strides are in elements of that size.
+void copy2d(CudaContext& ctx, const void* src, void* dst, size_t elem, int64_t rows, int64_t cols, int64_t src_ld,
+            int64_t dst_ld, const int* rows_index = nullptr, int64_t src_rows = 0) {
+  switch (elem) {
+    case 1:
+      launch_copy2d(Copy2dParams<uint8_t>{static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), rows_index,
+                                          src_rows, rows, cols, src_ld, dst_ld},
+                    ctx.stream());
+      return;
+    case 2:
+      launch_copy2d(Copy2dParams<uint16_t>{static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst),
+                                           rows_index, src_rows, rows, cols, src_ld, dst_ld},
+                    ctx.stream());
+      return;
+    case 4:
+      launch_copy2d(Copy2dParams<uint32_t>{static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst),
+                                           rows_index, src_rows, rows, cols, src_ld, dst_ld},
+                    ctx.stream());
+      return;
+    case 8:
+      launch_copy2d(Copy2dParams<uint64_t>{static_cast<const uint64_t*>(src), static_cast<uint64_t*>(dst),
+                                           rows_index, src_rows, rows, cols, src_ld, dst_ld},
+                    ctx.stream());
+      return;
+    default:
+      HLM_FAIL("copy2d: unsupported element size {}", elem);
+  }
+}
+
+// x [A, B, inner] -> y [B, A, inner], one thread per element.
+template <class Elem>
+struct TransposeParams {
+  const Elem* src;
+  Elem* dst;
+  int64_t a, b, inner;
+};
+
+template <class Elem>
+__global__ void transpose01_kernel(TransposeParams<Elem> p) {
+  HLM_GRID_STRIDE(idx, p.a * p.b * p.inner) {
+    const int64_t e = idx % p.inner, ij = idx / p.inner, j = ij % p.b, i = ij / p.b;
+    p.dst[(j * p.a + i) * p.inner + e] = p.src[idx];
+  }
+}
+
+template <class Elem>
+void launch_transpose01(const TransposeParams<Elem>& p, cudaStream_t stream) {
+  const int64_t n = p.a * p.b * p.inner;
+  if (n == 0) return;
+  transpose01_kernel<Elem><<<grid_for(n), kThreads, 0, stream>>>(p);
+  HLM_CHECK_LAUNCH("transpose01");
+}
+
+// --- random fill -----------------------------------------------------------------------------------------
+struct RandomParams {
+  Out out;
+  uint8_t* bytes;  // U8 tensors
+  int64_t n;
+  RandomFill fill;
+};
+
+// The same values as the CPU backend's random_fill (ops/random_hash.h), element by element.
+__global__ void random_kernel(RandomParams p) {
+  HLM_GRID_STRIDE(i, p.n) {
+    if (p.bytes != nullptr) {
+      const uint64_t span = static_cast<uint64_t>(p.fill.byte_hi) - p.fill.byte_lo + 1;
+      p.bytes[i] = static_cast<uint8_t>(p.fill.byte_lo + hash3(p.fill.seed, static_cast<uint64_t>(i), 1) % span);
+    } else {
+      p.out.set(i, p.fill.offset + p.fill.scale * (2.0f * uniform01(p.fill.seed, static_cast<uint64_t>(i), 0) - 1.0f));
+    }
+  }
+}
+
+void launch_binary(void (*kernel)(BinaryParams), const BinaryParams& p, cudaStream_t stream, const char* name) {
+  if (p.n == 0) return;
+  kernel<<<grid_for(p.n), kThreads, 0, stream>>>(p);
+  HLM_CHECK_LAUNCH(name);
+}
+
+void expect_float(const Tensor& t, const char* op, const char* name) {
+  expect_cuda(t, op, name, {DType::kF32, DType::kBF16}, -1, "tensor");
+}
+
+}  // namespace
+
+Tensor embedding(CudaContext& ctx, const Tensor& table, const Tensor& ids) {
+  expect_cuda(table, "embedding", "table", {DType::kF32, DType::kBF16}, 2, "[V, D]");
+  expect_cuda(ids, "embedding", "ids", {DType::kI32}, 1, "[T]");
+  Tensor out = ctx.empty({ids.dim(0), table.dim(1)}, DType::kF32);  // [T, D]
+  const EmbeddingParams p{in_of(table), static_cast<const int*>(ids.raw()), static_cast<float*>(out.raw()),
+                          table.dim(0), table.dim(1), ids.dim(0)};
+  if (out.numel() > 0) {
+    embedding_kernel<<<grid_for(out.numel()), kThreads, 0, ctx.stream()>>>(p);
+    HLM_CHECK_LAUNCH("embedding");
+  }
+  return out;
+}
+
+Tensor rms_norm(CudaContext& ctx, const Tensor& x, const Tensor& w, float eps) {
+  expect_float(x, "rms_norm", "x [..., D]");
+  HLM_CHECK(x.rank() >= 1, "rms_norm: x must have at least one dimension, got {}", x.describe());
+  expect_cuda(w, "rms_norm", "w", {DType::kF32, DType::kBF16}, 1, "[D]");
+  expect_dim(w, 0, x.dim(-1), "rms_norm", "w [D]", "the last dimension of x");
+  Tensor y = ctx.empty(x.shape(), DType::kBF16);
+  const RmsNormParams p{in_of(x), in_of(w), static_cast<bf16*>(y.raw()), leading_rows(x), x.dim(-1), eps};
+  if (p.rows > 0) {
+    rms_norm_kernel<<<static_cast<unsigned>(p.rows), kThreads, 0, ctx.stream()>>>(p);
+    HLM_CHECK_LAUNCH("rms_norm");
+  }
+  return y;
+}
+
+void add_inplace(CudaContext& ctx, Tensor& y, const Tensor& x) {
+  expect_float(y, "add_inplace", "y");
+  expect_float(x, "add_inplace", "x");
+  expect_same_shape(y, x, "add_inplace", "y", "x");
+  launch_binary(add_kernel, BinaryParams{out_of(y), in_of(y), in_of(x), y.numel(), 0, 0, 0}, ctx.stream(),
+                "add_inplace");
+}
+
+Tensor glu(CudaContext& ctx, const Tensor& gate, const Tensor& up, const ActivationParams& act) {
+  expect_float(gate, "glu", "gate [T, I]");
+  expect_float(up, "glu", "up [T, I]");
+  expect_same_shape(gate, up, "glu", "gate", "up");
+  Tensor y = ctx.empty(gate.shape(), DType::kBF16);  // [T, I]
+  launch_binary(glu_kernel,
+                BinaryParams{out_of(y), in_of(gate), in_of(up), y.numel(), static_cast<int>(act.kind), act.situ_beta,
+                             act.situ_linear_beta},
+                ctx.stream(), "glu");
+  return y;
+}
+
+Tensor sigmoid(CudaContext& ctx, const Tensor& x) {
+  expect_float(x, "sigmoid", "x");
+  Tensor y = ctx.empty(x.shape(), DType::kF32);
+  launch_binary(sigmoid_kernel, BinaryParams{out_of(y), in_of(x), in_of(x), y.numel(), 0, 0, 0}, ctx.stream(),
+                "sigmoid");
+  return y;
+}
+
+void sigmoid_gate_inplace(CudaContext& ctx, Tensor& y, const Tensor& gate) {
+  expect_float(y, "sigmoid_gate_inplace", "y");
+  expect_float(gate, "sigmoid_gate_inplace", "gate");
+  expect_same_shape(y, gate, "sigmoid_gate_inplace", "y", "gate");
+  launch_binary(sigmoid_gate_kernel, BinaryParams{out_of(y), in_of(y), in_of(gate), y.numel(), 0, 0, 0},
+                ctx.stream(), "sigmoid_gate_inplace");
+}
+
+void convert(CudaContext& ctx, const Tensor& src, Tensor& dst) {
+  expect_float(src, "convert", "src");
+  expect_float(dst, "convert", "dst");
+  HLM_CHECK(src.numel() == dst.numel(), "convert: {} and {} differ in size", src.describe(), dst.describe());
+  if (src.dtype() == dst.dtype()) {
+    if (src.nbytes() > 0) {
+      HLM_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, ctx.stream()));
+    }
+    return;
+  }
+  launch_binary(convert_kernel, BinaryParams{out_of(dst), in_of(src), in_of(src), src.numel(), 0, 0, 0},
+                ctx.stream(), "convert");
+}
+
+Tensor slice_last(CudaContext& ctx, const Tensor& x, int64_t begin, int64_t end) {
+  expect_cuda(x, "slice_last", "x", {x.dtype()}, -1, "[..., C]");
+  HLM_CHECK(x.rank() >= 1, "slice_last: x must have at least one dimension");
+  const int64_t cols = x.dim(-1);
+  HLM_CHECK(0 <= begin && begin <= end && end <= cols, "slice_last: columns [{}, {}) are outside [0, {}) of {}",
+            begin, end, cols, x.describe());
+  Shape shape = x.shape();
+  shape.back() = end - begin;
+  Tensor y = ctx.empty(shape, x.dtype());  // [..., end - begin]
+  const size_t elem = dtype_size(x.dtype());
+  copy2d(ctx, static_cast<const std::byte*>(x.raw()) + begin * elem, y.raw(), elem, leading_rows(x), end - begin,
+         cols, end - begin);
+  return y;
+}
+
+Tensor concat_last(CudaContext& ctx, const Tensor& a, const Tensor& b) {
+  expect_cuda(a, "concat_last", "a", {a.dtype()}, -1, "[..., Ca]");
+  expect_cuda(b, "concat_last", "b", {a.dtype()}, -1, "[..., Cb] of a's dtype");
+  Shape lead_a(a.shape().begin(), a.shape().end() - 1), lead_b(b.shape().begin(), b.shape().end() - 1);
+  HLM_CHECK(lead_a == lead_b, "concat_last: a and b must agree in all but the last dimension, got {} and {}",
+            a.describe(), b.describe());
+  const int64_t ca = a.dim(-1), cb = b.dim(-1), rows = shape_numel(lead_a);
+  Shape shape = a.shape();
+  shape.back() = ca + cb;
+  Tensor y = ctx.empty(shape, a.dtype());  // [..., Ca + Cb]
+  const size_t elem = dtype_size(a.dtype());
+  copy2d(ctx, a.raw(), y.raw(), elem, rows, ca, ca, ca + cb);
+  copy2d(ctx, b.raw(), static_cast<std::byte*>(y.raw()) + ca * elem, elem, rows, cb, cb, ca + cb);
+  return y;
+}
+
+Tensor gather_rows(CudaContext& ctx, const Tensor& x, const Tensor& rows) {
+  expect_cuda(x, "gather_rows", "x", {x.dtype()}, -1, "[T, ...]");
+  HLM_CHECK(x.rank() >= 1, "gather_rows: x must have at least one dimension");
+  expect_cuda(rows, "gather_rows", "rows", {DType::kI32}, 1, "[N]");
+  Shape shape = x.shape();
+  shape[0] = rows.dim(0);
+  Tensor y = ctx.empty(shape, x.dtype());  // [N, ...]
+  const int64_t row_elems = x.dim(0) == 0 ? 0 : x.numel() / x.dim(0);
+  copy2d(ctx, x.raw(), y.raw(), dtype_size(x.dtype()), rows.dim(0), row_elems, row_elems, row_elems,
+         static_cast<const int*>(rows.raw()), x.dim(0));
+  return y;
+}
+
+Tensor transpose01(CudaContext& ctx, const Tensor& x) {
+  expect_cuda(x, "transpose01", "x", {x.dtype()}, -1, "[A, B, ...]");
+  HLM_CHECK(x.rank() >= 2, "transpose01: x must have at least two dimensions, got {}", x.describe());
+  const int64_t a = x.dim(0), b = x.dim(1);
+  Shape shape = x.shape();
+  std::swap(shape[0], shape[1]);
+  Tensor y = ctx.empty(shape, x.dtype());  // [B, A, ...]
+  const int64_t inner = a * b == 0 ? 0 : x.numel() / (a * b);
+  switch (dtype_size(x.dtype())) {
+    case 1:
+      launch_transpose01(TransposeParams<uint8_t>{static_cast<const uint8_t*>(x.raw()),
+                                                  static_cast<uint8_t*>(y.raw()), a, b, inner},
+                         ctx.stream());
+      break;
+    case 2:
+      launch_transpose01(TransposeParams<uint16_t>{static_cast<const uint16_t*>(x.raw()),
+                                                   static_cast<uint16_t*>(y.raw()), a, b, inner},
+                         ctx.stream());
+      break;
+    case 4:
+      launch_transpose01(TransposeParams<uint32_t>{static_cast<const uint32_t*>(x.raw()),
+                                                   static_cast<uint32_t*>(y.raw()), a, b, inner},
+                         ctx.stream());
+      break;
+    default:
+      launch_transpose01(TransposeParams<uint64_t>{static_cast<const uint64_t*>(x.raw()),
+                                                   static_cast<uint64_t*>(y.raw()), a, b, inner},
+                         ctx.stream());
+      break;
+  }
+  return y;
+}
+
+void random_fill(CudaContext& ctx, Tensor& t, const RandomFill& fill) {
+  expect_cuda(t, "random_fill", "t", {DType::kF32, DType::kBF16, DType::kU8}, -1, "tensor");
+  const bool bytes = t.dtype() == DType::kU8;
+  RandomParams p{bytes ? Out{nullptr, false} : out_of(t), bytes ? static_cast<uint8_t*>(t.raw()) : nullptr,
+                 t.numel(), fill};
+  if (p.n == 0) return;
+  random_kernel<<<grid_for(p.n), kThreads, 0, ctx.stream()>>>(p);
+  HLM_CHECK_LAUNCH("random_fill");
+}
+
+}  // namespace hlm::cuda

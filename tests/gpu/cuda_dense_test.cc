@@ -1,0 +1,183 @@
+// The CUDA backend's memory, dense and element-wise ops against the CPU reference. Inputs are drawn in
+// F32 and rounded to bf16 where the GPU takes bf16 activations, so both backends see the same values;
+// tolerances (relative L2) follow from the output dtype: a BF16 output carries a rounding error of at most
+// 2^-9 per element (≈ 2e-3 relative; a few roundings in a row stay under 5e-3), an F32 output only the
+// accumulation-order differences of fp32 (≈ 1e-6, 1e-4 for 2k-long dot products).
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "gpu_test_util.h"
+
+namespace hlm::test {
+namespace {
+
+constexpr double kBf16Out = 5e-3;
+constexpr double kF32Out = 1e-5;
+constexpr double kF32Dot = 1e-4;
+
+class CudaDense : public ::testing::Test {
+ protected:
+  std::mt19937 rng_{7};
+  std::unique_ptr<Ops> cpu_ = make_cpu_ops();
+};
+
+// Host F32 tensor -> a BF16 device tensor holding its bf16-rounded values.
+Tensor to_gpu_bf16(Ops& gpu, const Tensor& x) { return gpu.upload(as_bf16(x)); }
+
+TEST_F(CudaDense, UploadRoundTripsAndConvertsIntoSlices) {
+  HLM_GPU_OR_SKIP(gpu);
+  Tensor x = random_f32({5, 7}, rng_);
+  Tensor on = gpu->upload(x);
+  EXPECT_EQ(on.dtype(), DType::kF32);
+  EXPECT_EQ(rel_l2(gpu->to_host_f32(on), x), 0.0);
+  Tensor fused = gpu->zeros({10, 7}, DType::kBF16);
+  Tensor lower = fused.slice(5, 10);
+  gpu->upload_into(x, lower);  // F32 host into a BF16 slice
+  Tensor back = gpu->to_host_f32(fused);
+  EXPECT_EQ(rel_l2(back.slice(5, 10), round_bf16(x)), 0.0);
+  for (int64_t i = 0; i < 35; ++i) EXPECT_EQ(back.data<float>()[i], 0.0f);
+}
+
+TEST_F(CudaDense, EmbeddingGathersRowsAsF32) {
+  HLM_GPU_OR_SKIP(gpu);
+  Tensor table = random_f32({50, 24}, rng_);
+  Tensor ids = Tensor::from_vector_i32({6}, {3, 0, 49, 3, 17, 8});
+  Tensor want = cpu_->embedding(round_bf16(table), ids);
+  Tensor got = gpu->to_host_f32(gpu->embedding(to_gpu_bf16(*gpu, table), gpu->upload(ids)));
+  EXPECT_EQ(rel_l2(got, want), 0.0);
+}
+
+TEST_F(CudaDense, LinearMatchesInBf16AndF32) {
+  HLM_GPU_OR_SKIP(gpu);
+  for (auto [t, in, out] : {std::tuple{1, 64, 96}, std::tuple{37, 2304, 520}, std::tuple{150, 128, 16}}) {
+    Tensor x = round_bf16(random_f32({t, in}, rng_));
+    Tensor w = round_bf16(random_f32({out, in}, rng_, -0.1f, 0.1f));
+    Tensor want = cpu_->linear(x, w);
+    Tensor xg = to_gpu_bf16(*gpu, x), wg = to_gpu_bf16(*gpu, w);
+    EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->linear(xg, wg)), want), kBf16Out) << t << "x" << in << "x" << out;
+    EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->linear(xg, wg, true)), want), kF32Dot) << "f32_out";
+    // An F32-stored weight runs an fp32 GEMM (the F32 activation is taken as is).
+    EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->linear(gpu->upload(x), gpu->upload(w))), want), kF32Dot) << "F32 w";
+  }
+}
+
+TEST_F(CudaDense, HeadMatmulBothOrientations) {
+  HLM_GPU_OR_SKIP(gpu);
+  const int64_t t = 9, h = 4, a = 32, b = 48;
+  Tensor x = round_bf16(random_f32({t, h, a}, rng_));
+  Tensor w = round_bf16(random_f32({h, a, b}, rng_, -0.2f, 0.2f));
+  Tensor wt = round_bf16(random_f32({h, b, a}, rng_, -0.2f, 0.2f));
+  EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->head_matmul(to_gpu_bf16(*gpu, x), to_gpu_bf16(*gpu, w))),
+                   cpu_->head_matmul(x, w)),
+            kBf16Out);
+  EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->head_matmul(gpu->upload(x), to_gpu_bf16(*gpu, wt), true)),
+                   cpu_->head_matmul(x, wt, true)),
+            kBf16Out);
+}
+
+TEST_F(CudaDense, NormsAndElementwise) {
+  HLM_GPU_OR_SKIP(gpu);
+  Tensor x = random_f32({13, 2304}, rng_, -3.0f, 3.0f);
+  Tensor w = round_bf16(random_f32({2304}, rng_, 0.5f, 1.5f));
+  EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->rms_norm(gpu->upload(x), to_gpu_bf16(*gpu, w), 1e-5f)),
+                   cpu_->rms_norm(x, w, 1e-5f)),
+            kBf16Out);
+
+  Tensor g = round_bf16(random_f32({13, 300}, rng_, -6.0f, 6.0f));
+  Tensor u = round_bf16(random_f32({13, 300}, rng_, -40.0f, 40.0f));
+  for (Activation kind : {Activation::kSilu, Activation::kSitu}) {
+    ActivationParams act;
+    act.kind = kind;
+    EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->glu(to_gpu_bf16(*gpu, g), to_gpu_bf16(*gpu, u), act)),
+                     cpu_->glu(g, u, act)),
+              kBf16Out);
+  }
+  EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->sigmoid(to_gpu_bf16(*gpu, g))), cpu_->sigmoid(g)), kF32Out);
+
+  Tensor y = gpu->upload(x);  // F32 residual += BF16 branch
+  Tensor branch = round_bf16(random_f32({13, 2304}, rng_));
+  gpu->add_inplace(y, to_gpu_bf16(*gpu, branch));
+  Tensor want = x.clone();
+  cpu_->add_inplace(want, branch);
+  EXPECT_LE(rel_l2(gpu->to_host_f32(y), want), kF32Out);
+
+  Tensor gated = to_gpu_bf16(*gpu, g);
+  gpu->sigmoid_gate_inplace(gated, to_gpu_bf16(*gpu, u));
+  Tensor gated_cpu = g.clone();
+  cpu_->sigmoid_gate_inplace(gated_cpu, u);
+  EXPECT_LE(rel_l2(gpu->to_host_f32(gated), gated_cpu), kBf16Out);
+}
+
+TEST_F(CudaDense, LayoutMoversAreExact) {
+  HLM_GPU_OR_SKIP(gpu);
+  Tensor x = random_f32({6, 4, 10}, rng_);
+  Tensor xg = gpu->upload(x);
+  EXPECT_EQ(rel_l2(gpu->to_host_f32(gpu->slice_last(xg, 3, 9)), cpu_->slice_last(x, 3, 9)), 0.0);
+  Tensor b = random_f32({6, 4, 5}, rng_);
+  EXPECT_EQ(rel_l2(gpu->to_host_f32(gpu->concat_last(xg, gpu->upload(b))), cpu_->concat_last(x, b)), 0.0);
+  Tensor idx = Tensor::from_vector_i32({4}, {5, 0, 0, 2});
+  EXPECT_EQ(rel_l2(gpu->to_host_f32(gpu->gather_rows(xg, gpu->upload(idx))), cpu_->gather_rows(x, idx)), 0.0);
+  EXPECT_EQ(rel_l2(gpu->to_host_f32(gpu->transpose01(xg)), cpu_->transpose01(x)), 0.0);
+  Tensor i64 = gpu->upload(Tensor::from_vector_i32({3, 2}, {1, 2, 3, 4, 5, 6}));
+  Tensor t64 = gpu->to_host(gpu->transpose01(i64));
+  EXPECT_EQ(std::vector<int32_t>(t64.data<int32_t>(), t64.data<int32_t>() + 6),
+            (std::vector<int32_t>{1, 3, 5, 2, 4, 6}));
+}
+
+TEST_F(CudaDense, AttnResMatchesInF32) {
+  HLM_GPU_OR_SKIP(gpu);
+  std::vector<Tensor> cands, cands_gpu;
+  for (int c = 0; c < 5; ++c) {
+    cands.push_back(random_f32({7, 256}, rng_, -2.0f, 2.0f));
+    cands_gpu.push_back(gpu->upload(cands.back()));
+  }
+  Tensor proj = random_f32({256}, rng_), norm = random_f32({256}, rng_);
+  EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->attn_res(cands_gpu, gpu->upload(proj), gpu->upload(norm), 1e-5f)),
+                   cpu_->attn_res(cands, proj, norm, 1e-5f)),
+            kF32Dot);
+}
+
+TEST_F(CudaDense, RandomFillIsTheCpuFill) {
+  HLM_GPU_OR_SKIP(gpu);
+  RandomFill f;
+  f.scale = 0.3f;
+  f.offset = 1.0f;
+  f.seed = 99;
+  Tensor want = Tensor::empty({1000}, DType::kF32);
+  cpu_->random_fill(want, f);
+  Tensor got = gpu->empty({1000}, DType::kF32);
+  gpu->random_fill(got, f);
+  EXPECT_LE(rel_l2(gpu->to_host_f32(got), want), 1e-6);  // fused multiply-add may differ in the last ulp
+  f.byte_lo = 118;
+  f.byte_hi = 121;
+  Tensor bytes_want = Tensor::empty({1000}, DType::kU8);
+  cpu_->random_fill(bytes_want, f);
+  Tensor bytes = gpu->empty({1000}, DType::kU8);
+  gpu->random_fill(bytes, f);
+  Tensor host = gpu->to_host(bytes);
+  for (int64_t i = 0; i < 1000; ++i) ASSERT_EQ(host.data<uint8_t>()[i], bytes_want.data<uint8_t>()[i]) << i;
+}
+
+TEST_F(CudaDense, StepScratchComesFromTheArenaAtRepeatingAddresses) {
+  HLM_GPU_OR_SKIP(gpu);
+  gpu->reserve_workspace(int64_t{1} << 20);
+  auto run = [&] {
+    gpu->begin_step();
+    Tensor a = gpu->empty({1000}, DType::kF32);
+    Tensor b = gpu->empty({3000}, DType::kF32);
+    const void* where = b.raw();
+    a = Tensor();
+    Tensor c = gpu->empty({500}, DType::kF32);  // reuses a's block
+    gpu->end_step();
+    return std::pair{where, c.raw()};
+  };
+  const auto first = run();
+  EXPECT_EQ(run(), first);
+  gpu->begin_step();
+  EXPECT_THROW(gpu->empty({int64_t{1} << 20}, DType::kF32), Error);  // 4 MiB > 1 MiB arena
+  gpu->end_step();
+}
+
+}  // namespace
+}  // namespace hlm::test
