@@ -1,18 +1,308 @@
-// PLACEHOLDER while the kernels are written on their own branch; replaced before landing.
-#include "ops/cuda/cuda_kernels.h"
+// The element-wise parts of a KDA layer around the recurrent core (docs/MODEL.md §5.2, §5.3, §5.7), the same
+// functions as ops/cpu/kda_conv_gate.cc: the causal depthwise short conv with its per-slot cache of raw
+// inputs, the forget gate in log space, and the sigmoid-gated RMSNorm of the core output. fp32 math; all
+// three are memory-bound streams (about 2 B in and 2 B out per element for the conv, 2 in and 4 out for the
+// gate, 4 in and 2 out for the norm), so each is one coalesced pass with no shared-memory staging.
+#include <algorithm>
+
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/kda_common.cuh"
 
 namespace hlm::cuda {
+namespace {
 
-Tensor short_conv(CudaContext& ctx, const Tensor& x, const Tensor& w, const SeqBatch& seqs, Tensor& state) {
-  HLM_FAIL("CUDA short_conv: not built yet");
+constexpr int kMaxConvWidth = 8;  // the models use 4
+constexpr int kConvThreads = 256;
+constexpr int kConvRows = 32;  // rows of the batch per CTA of short_conv_kernel
+
+template <class XT>
+struct ShortConvParams {
+  const XT* x;           // [T, C] raw projected inputs
+  FloatIn w;             // [C, W]
+  FloatInOut state;      // [slots, C, W-1] the last W-1 raw inputs of each slot
+  const int32_t* table;  // [S, 3]
+  __nv_bfloat16* y;      // [T, C]
+  int64_t rows;
+  int channels;
+  int width;
+  int num_spans;
+};
+
+// A CTA takes kConvRows consecutive rows and kConvThreads channels; a thread owns one channel and walks the
+// rows (consecutive threads read consecutive channels: coalesced). Which sequence each row belongs to comes
+// from one scan of the span table per CTA (S is small), so rows outside every span are found on the device
+// and written as zeros, as graphs require. Taps before a sequence's first new token read the cached inputs;
+// the cache is rewritten afterwards by short_conv_state_kernel, because the first W-1 rows of a sequence
+// can fall in two CTAs that both read the old cache.
+template <class XT>
+__global__ void __launch_bounds__(kConvThreads) short_conv_kernel(ShortConvParams<XT> p) {
+  __shared__ int row_pos[kConvRows];   // the row's index among its sequence's new tokens; -1: no sequence
+  __shared__ int row_slot[kConvRows];  // the sequence's cache slot
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kConvRows;
+  for (int i = threadIdx.x; i < kConvRows; i += blockDim.x) row_pos[i] = -1;
+  __syncthreads();
+  for (int s = threadIdx.x; s < p.num_spans; s += blockDim.x) {
+    const Span span = load_span(p.table, s);
+    if (span.count <= 0 || span.slot < 0) continue;
+    const int64_t lo = max(static_cast<int64_t>(span.begin), row0);
+    const int64_t hi = min(static_cast<int64_t>(span.begin) + span.count, row0 + kConvRows);
+    for (int64_t r = lo; r < hi; ++r) {
+      row_pos[r - row0] = static_cast<int>(r - span.begin);
+      row_slot[r - row0] = span.slot;
+    }
+  }
+  __syncthreads();
+
+  const int c = blockIdx.x * kConvThreads + threadIdx.x;
+  if (c >= p.channels) return;
+  const int64_t channels = p.channels;
+  const int hist = p.width - 1;
+  float taps[kMaxConvWidth];
+#pragma unroll
+  for (int j = 0; j < kMaxConvWidth; ++j)
+    taps[j] = j < p.width ? p.w.load(c * static_cast<int64_t>(p.width) + j) : 0.0f;
+
+  const int rows_here = static_cast<int>(min(static_cast<int64_t>(kConvRows), p.rows - row0));
+  for (int i = 0; i < rows_here; ++i) {
+    const int t = row_pos[i];
+    float acc = 0.0f;
+    if (t >= 0) {
+      const int64_t begin = row0 + i - t;                                // the sequence's first new row
+      const int64_t cache = (row_slot[i] * channels + c) * hist + hist;  // + p reads stream position p < 0
+#pragma unroll
+      for (int j = 0; j < kMaxConvWidth; ++j) {
+        if (j < p.width) {
+          const int pos = t - hist + j;  // stream position of tap j, relative to the first new token
+          const float in = pos >= 0 ? to_float(p.x[(begin + pos) * channels + c]) : p.state.load(cache + pos);
+          acc += taps[j] * in;
+        }
+      }
+      acc = silu(acc);
+    }
+    p.y[(row0 + i) * channels + c] = __float2bfloat16_rn(acc);
+  }
 }
 
-Tensor kda_gate(CudaContext& ctx, const Tensor& graw, const Tensor& a_log, const Tensor& dt_bias, float lower_bound) {
-  HLM_FAIL("CUDA kda_gate: not built yet");
+// A thread per (sequence, channel): the cache becomes the last W-1 inputs of [cache | new inputs]. Every new
+// value is read before any is written, so a sequence with fewer than W-1 new tokens shifts its old inputs
+// correctly in place.
+template <class XT>
+__global__ void __launch_bounds__(kConvThreads) short_conv_state_kernel(ShortConvParams<XT> p) {
+  const int c = blockIdx.x * kConvThreads + threadIdx.x;
+  const Span span = load_span(p.table, blockIdx.y);
+  if (c >= p.channels || span.count <= 0 || span.slot < 0) return;
+  const int64_t channels = p.channels;
+  const int hist = p.width - 1;
+  const int64_t cache = (span.slot * channels + c) * hist;
+  float next[kMaxConvWidth - 1];
+#pragma unroll
+  for (int i = 0; i < kMaxConvWidth - 1; ++i) {
+    if (i < hist) {
+      const int pos = span.count + i - hist;  // stream position relative to the first new token
+      next[i] = pos >= 0 ? to_float(p.x[(span.begin + static_cast<int64_t>(pos)) * channels + c])
+                         : p.state.load(cache + span.count + i);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxConvWidth - 1; ++i) {
+    if (i < hist) p.state.store(cache + i, next[i]);
+  }
+}
+
+template <class XT>
+void launch_short_conv(const ShortConvParams<XT>& p, cudaStream_t stream) {
+  const dim3 conv_grid(blocks_for(p.channels, kConvThreads), blocks_for(p.rows, kConvRows));
+  short_conv_kernel<XT><<<conv_grid, kConvThreads, 0, stream>>>(p);
+  HLM_CHECK_LAUNCH("short_conv_kernel");
+  if (p.num_spans == 0 || p.width == 1) return;  // no cache to update
+  const dim3 state_grid(blocks_for(p.channels, kConvThreads), p.num_spans);
+  short_conv_state_kernel<XT><<<state_grid, kConvThreads, 0, stream>>>(p);
+  HLM_CHECK_LAUNCH("short_conv_state_kernel");
+}
+
+constexpr int kGateThreads = 256;
+
+template <class GT>
+struct KdaGateParams {
+  const GT* graw;   // [T, H*K]
+  FloatIn a_log;    // [H]
+  FloatIn dt_bias;  // [H*K]
+  float* g;         // [T, H*K]
+  int64_t n;        // T * H*K
+  int width;        // H*K
+  int head_dim;     // K
+  float lower_bound;
+};
+
+// One thread per element, grid-stride.
+template <class GT>
+__global__ void __launch_bounds__(kGateThreads) kda_gate_kernel(KdaGateParams<GT> p) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kGateThreads) + threadIdx.x; i < p.n;
+       i += static_cast<int64_t>(gridDim.x) * kGateThreads) {
+    const int c = static_cast<int>(i % p.width);
+    const float z = to_float(p.graw[i]) + p.dt_bias.load(c);
+    const float rate = expf(p.a_log.load(c / p.head_dim));
+    float value;
+    if (p.lower_bound == 0.0f) {
+      const float softplus = z > 20.0f ? z : log1pf(expf(z));  // torch's threshold 20
+      value = -rate * softplus;
+    } else {
+      value = p.lower_bound * logistic(rate * z);
+    }
+    p.g[i] = value;
+  }
+}
+
+template <class GT>
+void launch_kda_gate(const KdaGateParams<GT>& p, cudaStream_t stream) {
+  // Enough CTAs to fill the GPU several times over; the grid-stride loop takes the rest.
+  const unsigned blocks = std::min<unsigned>(blocks_for(p.n, kGateThreads), 65535u);
+  kda_gate_kernel<GT><<<blocks, kGateThreads, 0, stream>>>(p);
+  HLM_CHECK_LAUNCH("kda_gate_kernel");
+}
+
+constexpr int kNormThreads = 256;
+constexpr int kNormRowsPerBlock = kNormThreads / 32;
+
+template <class OT, class GT>
+struct GatedRmsNormParams {
+  const OT* o;       // [T*H, V]
+  const GT* gate;    // [T*H, V]
+  FloatIn w;         // [V]
+  __nv_bfloat16* y;  // [T*H, V]
+  int64_t rows;
+  int dim;
+  float eps;
+};
+
+// A warp per (token, head) row: the sum of squares is a warp reduction and the second pass re-reads the
+// row from L1, so any V works with no shared memory.
+template <class OT, class GT>
+__global__ void __launch_bounds__(kNormThreads) gated_rms_norm_kernel(GatedRmsNormParams<OT, GT> p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kNormRowsPerBlock + (threadIdx.x >> 5);
+  if (row >= p.rows) return;
+  const OT* o = p.o + row * p.dim;
+  const GT* gate = p.gate + row * p.dim;
+  float sum_sq = 0.0f;
+  for (int i = lane; i < p.dim; i += 32) {
+    const float x = to_float(o[i]);
+    sum_sq += x * x;
+  }
+  sum_sq = warp_sum(sum_sq);
+  const float inv = 1.0f / sqrtf(sum_sq / static_cast<float>(p.dim) + p.eps);
+  for (int i = lane; i < p.dim; i += 32) {
+    // Weight before gate, no (1 + w), sigmoid gate (docs/MODEL.md §5.7).
+    const float value = p.w.load(i) * (to_float(o[i]) * inv) * logistic(to_float(gate[i]));
+    p.y[row * p.dim + i] = __float2bfloat16_rn(value);
+  }
+}
+
+template <class OT, class GT>
+void launch_gated_rms_norm(const GatedRmsNormParams<OT, GT>& p, cudaStream_t stream) {
+  gated_rms_norm_kernel<OT, GT><<<blocks_for(p.rows, kNormRowsPerBlock), kNormThreads, 0, stream>>>(p);
+  HLM_CHECK_LAUNCH("gated_rms_norm_kernel");
+}
+
+}  // namespace
+
+Tensor short_conv(CudaContext& ctx, const Tensor& x, const Tensor& w, const SeqBatch& seqs, Tensor& state) {
+  const char* op = "short_conv";
+  expect_cuda(x, op, "x", {DType::kBF16, DType::kF32}, 2, "[T, C]");
+  expect_cuda(w, op, "w", {DType::kBF16, DType::kF32}, 2, "[C, W]");
+  expect_cuda(state, op, "state", {DType::kBF16, DType::kF32}, 3, "[slots, C, W-1]");
+  const int64_t rows = x.dim(0), channels = x.dim(1), width = w.dim(1);
+  expect_dim(w, 0, channels, op, "w [C, W]", "the channel count of x [T, C]");
+  HLM_CHECK(width >= 1 && width <= kMaxConvWidth, "short_conv: the kernel width of w {} must be in [1, {}]",
+            w.describe(), kMaxConvWidth);
+  expect_dim(state, 1, channels, op, "state [slots, C, W-1]", "the channel count of x [T, C]");
+  expect_dim(state, 2, width - 1, op, "state [slots, C, W-1]", "the kernel width of w [C, W] minus 1");
+  HLM_CHECK(channels <= INT32_MAX, "short_conv: {} channels exceed the kernel's int range", channels);
+  HLM_CHECK(blocks_for(rows, kConvRows) <= 65535u, "short_conv: {} rows exceed the grid ({} at most)", rows,
+            int64_t{65535} * kConvRows);
+  check_seq_batch(seqs, rows, state.dim(0), op);
+
+  Tensor y = ctx.empty({rows, channels}, DType::kBF16);  // [T, C]
+  if (rows == 0 || channels == 0) return y;
+  dispatch_float(x.dtype(), op, [&](auto tag) {
+    using XT = typename decltype(tag)::type;
+    const ShortConvParams<XT> p{static_cast<const XT*>(x.raw()),
+                                float_in(w),
+                                float_in_out(state),
+                                seqs.table.data<int32_t>(),
+                                static_cast<__nv_bfloat16*>(y.raw()),
+                                rows,
+                                static_cast<int>(channels),
+                                static_cast<int>(width),
+                                static_cast<int>(seqs.spans.size())};
+    launch_short_conv(p, ctx.stream());
+  });
+  return y;
+}
+
+Tensor kda_gate(CudaContext& ctx, const Tensor& graw, const Tensor& a_log, const Tensor& dt_bias,
+                float lower_bound) {
+  const char* op = "kda_gate";
+  expect_cuda(graw, op, "graw", {DType::kBF16, DType::kF32}, 2, "[T, H*K]");
+  expect_cuda(a_log, op, "a_log", {DType::kF32, DType::kBF16}, 1, "[H]");
+  expect_cuda(dt_bias, op, "dt_bias", {DType::kF32, DType::kBF16}, 1, "[H*K]");
+  const int64_t rows = graw.dim(0), width = graw.dim(1), heads = a_log.dim(0);
+  HLM_CHECK(heads > 0 && width % heads == 0,
+            "kda_gate: the width {} of graw [T, H*K] must be a multiple of the head count {} of a_log [H]",
+            width, heads);
+  expect_dim(dt_bias, 0, width, op, "dt_bias [H*K]", "the width of graw [T, H*K]");
+  HLM_CHECK(lower_bound <= 0.0f,
+            "kda_gate: lower_bound must be 0 (softplus gate) or negative (bounded gate), got {}",
+            lower_bound);
+  HLM_CHECK(width <= INT32_MAX, "kda_gate: width {} exceeds the kernel's int range", width);
+
+  Tensor g = ctx.empty({rows, width}, DType::kF32);  // [T, H*K]
+  if (g.numel() == 0) return g;
+  dispatch_float(graw.dtype(), op, [&](auto tag) {
+    using GT = typename decltype(tag)::type;
+    const KdaGateParams<GT> p{static_cast<const GT*>(graw.raw()),
+                              float_in(a_log),
+                              float_in(dt_bias),
+                              g.data<float>(),
+                              g.numel(),
+                              static_cast<int>(width),
+                              static_cast<int>(width / heads),
+                              lower_bound};
+    launch_kda_gate(p, ctx.stream());
+  });
+  return g;
 }
 
 Tensor gated_rms_norm(CudaContext& ctx, const Tensor& o, const Tensor& gate, const Tensor& w, float eps) {
-  HLM_FAIL("CUDA gated_rms_norm: not built yet");
+  const char* op = "gated_rms_norm";
+  expect_cuda(o, op, "o", {DType::kBF16, DType::kF32}, 3, "[T, H, V]");
+  expect_cuda(gate, op, "gate", {DType::kBF16, DType::kF32}, 3, "[T, H, V]");
+  expect_same_shape(o, gate, op, "o [T, H, V]", "gate");
+  expect_cuda(w, op, "w", {DType::kBF16, DType::kF32}, 1, "[V]");
+  expect_dim(w, 0, o.dim(2), op, "w [V]", "the head dimension of o [T, H, V]");
+  HLM_CHECK(o.dim(2) <= INT32_MAX, "gated_rms_norm: head dimension {} exceeds the kernel's int range",
+            o.dim(2));
+  const int64_t rows = o.dim(0) * o.dim(1);
+  HLM_CHECK(blocks_for(rows, kNormRowsPerBlock) <= static_cast<unsigned>(INT32_MAX),
+            "gated_rms_norm: {} rows exceed the grid", rows);
+
+  Tensor y = ctx.empty(o.shape(), DType::kBF16);  // [T, H, V]
+  if (y.numel() == 0) return y;
+  dispatch_float(o.dtype(), op, [&](auto o_tag) {
+    dispatch_float(gate.dtype(), op, [&](auto gate_tag) {
+      using OT = typename decltype(o_tag)::type;
+      using GT = typename decltype(gate_tag)::type;
+      const GatedRmsNormParams<OT, GT> p{static_cast<const OT*>(o.raw()),
+                                         static_cast<const GT*>(gate.raw()),
+                                         float_in(w),
+                                         static_cast<__nv_bfloat16*>(y.raw()),
+                                         rows,
+                                         static_cast<int>(o.dim(2)),
+                                         eps};
+      launch_gated_rms_norm(p, ctx.stream());
+    });
+  });
+  return y;
 }
 
 }  // namespace hlm::cuda

@@ -1,0 +1,184 @@
+// Pieces shared by the KDA kernels (kda_conv_gate.cu, kda_decode.cu, kda_prefill.cu): the device view of a
+// SeqBatch table, float tensors whose dtype is chosen at run time, the one switch over activation dtypes,
+// and the argument checks of the two KDA core ops.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "ops/cpu/cpu_kernels.h"
+#include "ops/cuda/cuda_kernels.h"
+
+namespace hlm::cuda {
+
+// One row of SeqBatch::table (I32 [S, 3]).
+struct Span {
+  int begin;
+  int count;
+  int slot;
+};
+
+__device__ __forceinline__ Span load_span(const int32_t* table, int s) {
+  return Span{table[3 * s], table[3 * s + 1], table[3 * s + 2]};
+}
+
+// The span whose rows include `row`, found by the whole (1-D) block; every thread gets it. Rows outside
+// every span, and spans without a valid slot, give {0, 0, -1}. `shared` is one Span of shared memory.
+__device__ __forceinline__ Span block_find_span(const int32_t* table, int num_spans, int64_t row,
+                                                Span* shared) {
+  if (threadIdx.x == 0) *shared = Span{0, 0, -1};
+  __syncthreads();
+  for (int s = threadIdx.x; s < num_spans; s += blockDim.x) {
+    const Span span = load_span(table, s);
+    // Spans are disjoint, so at most one thread writes.
+    if (span.count > 0 && span.slot >= 0 && row >= span.begin && row < span.begin + span.count)
+      *shared = span;
+  }
+  __syncthreads();
+  return *shared;
+}
+
+// The KDA l2norm as one factor, x · scale / sqrt(Σx² + 1e-6) (eps inside the sqrt, docs/MODEL.md §5.4),
+// from a float sum of squares; the division in double as in the CPU op.
+__device__ __forceinline__ float l2_factor(float sum_sq, float scale) {
+  return static_cast<float>(static_cast<double>(scale) / sqrt(static_cast<double>(sum_sq) + 1e-6));
+}
+
+// A float tensor (F32 or BF16) read with its dtype known only at run time: for weights and the conv cache,
+// which are small next to the activations; the branch is uniform across a warp.
+struct FloatIn {
+  const void* p;
+  bool bf16;
+  __device__ __forceinline__ float load(int64_t i) const {
+    return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]) : static_cast<const float*>(p)[i];
+  }
+};
+struct FloatInOut {
+  void* p;
+  bool bf16;
+  __device__ __forceinline__ float load(int64_t i) const {
+    return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]) : static_cast<const float*>(p)[i];
+  }
+  __device__ __forceinline__ void store(int64_t i, float v) const {
+    if (bf16) {
+      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+    } else {
+      static_cast<float*>(p)[i] = v;
+    }
+  }
+};
+inline FloatIn float_in(const Tensor& t) { return FloatIn{t.raw(), t.dtype() == DType::kBF16}; }
+inline FloatInOut float_in_out(Tensor& t) { return FloatInOut{t.raw(), t.dtype() == DType::kBF16}; }
+
+template <class T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls f(TypeTag<T>{}) with T = float or __nv_bfloat16 for an activation dtype.
+template <class F>
+void dispatch_float(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::kF32:
+      f(TypeTag<float>{});
+      return;
+    case DType::kBF16:
+      f(TypeTag<__nv_bfloat16>{});
+      return;
+    default:
+      HLM_FAIL("{}: activations must be F32 or BF16, got {}", op, dtype_name(dtype));
+  }
+}
+
+// Calls f(std::integral_constant<int, D>{}) for a head size with tiled KDA kernels (16, 32, 64, 128) and
+// returns true; false for any other size.
+template <class F>
+bool dispatch_head_dim(int64_t dim, F&& f) {
+  switch (dim) {
+    case 16:
+      f(std::integral_constant<int, 16>{});
+      return true;
+    case 32:
+      f(std::integral_constant<int, 32>{});
+      return true;
+    case 64:
+      f(std::integral_constant<int, 64>{});
+      return true;
+    case 128:
+      f(std::integral_constant<int, 128>{});
+      return true;
+    default:
+      return false;
+  }
+}
+
+// What both KDA core kernels read and write; each kernel's params struct extends it.
+template <class XT>
+struct KdaCoreParams {
+  const XT* q;           // [T, H, K]
+  const XT* k;           // [T, H, K]
+  const XT* v;           // [T, H, V]
+  const float* g;        // [T, H, K]
+  const float* beta;     // [T, H]
+  float* state;          // [slots, H, K, V]
+  __nv_bfloat16* out;    // [T, H, V]
+  const int32_t* table;  // [S, 3]
+  int num_spans;
+  int heads;
+};
+
+template <class XT>
+KdaCoreParams<XT> kda_core_params(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                                  const Tensor& beta, const SeqBatch& seqs, Tensor& state, Tensor& out) {
+  return {static_cast<const XT*>(q.raw()),
+          static_cast<const XT*>(k.raw()),
+          static_cast<const XT*>(v.raw()),
+          g.data<float>(),
+          beta.data<float>(),
+          state.data<float>(),
+          static_cast<__nv_bfloat16*>(out.raw()),
+          seqs.table.data<int32_t>(),
+          static_cast<int>(seqs.spans.size()),
+          static_cast<int>(q.dim(1))};
+}
+
+// `seqs` must have its device table (I32 [S, 3], one row per host span) and host spans that follow the
+// batch rules (ops/cpu check_seq_spans: inside the rows, disjoint, distinct slots).
+inline void check_seq_batch(const SeqBatch& seqs, int64_t rows, int64_t slots, const char* op) {
+  const auto spans = static_cast<int64_t>(seqs.spans.size());
+  expect_cuda(seqs.table, op, "seqs.table", {DType::kI32}, 2, "[S, 3] (token_begin, token_count, slot)");
+  expect_dim(seqs.table, 0, spans, op, "seqs.table [S, 3]", "the number of host spans");
+  expect_dim(seqs.table, 1, 3, op, "seqs.table [S, 3]", "token_begin, token_count, slot");
+  HLM_CHECK(spans <= 65535, "{}: {} sequences in one batch; the kernels take at most 65535", op, spans);
+  HLM_CHECK(rows <= INT32_MAX, "{}: {} rows do not fit the I32 span table", op, rows);
+  cpu::check_seq_spans(seqs.spans, rows, slots, op);
+}
+
+// The arguments of kda_prefill / kda_decode (ops.h): q, k [T, H, K] and v [T, H, V] of one activation
+// dtype, g [T, H, K] F32, beta [T, H] F32, state [slots, H, K, V] F32.
+inline void check_kda_core_args(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& g, const Tensor& beta, const SeqBatch& seqs,
+                                const Tensor& state) {
+  expect_cuda(q, op, "q", {DType::kBF16, DType::kF32}, 3, "[T, H, K]");
+  expect_cuda(k, op, "k", {q.dtype()}, 3, "[T, H, K] of q's dtype");
+  expect_cuda(v, op, "v", {q.dtype()}, 3, "[T, H, V] of q's dtype");
+  expect_cuda(g, op, "g", {DType::kF32}, 3, "[T, H, K]");
+  expect_cuda(beta, op, "beta", {DType::kF32}, 2, "[T, H]");
+  expect_cuda(state, op, "state", {DType::kF32}, 4, "[slots, H, K, V]");
+  expect_same_shape(q, k, op, "q [T, H, K]", "k");
+  expect_same_shape(q, g, op, "q [T, H, K]", "g");
+  const int64_t rows = q.dim(0), heads = q.dim(1);
+  expect_dim(v, 0, rows, op, "v [T, H, V]", "the token count of q [T, H, K]");
+  expect_dim(v, 1, heads, op, "v [T, H, V]", "the head count of q [T, H, K]");
+  expect_dim(beta, 0, rows, op, "beta [T, H]", "the token count of q [T, H, K]");
+  expect_dim(beta, 1, heads, op, "beta [T, H]", "the head count of q [T, H, K]");
+  expect_dim(state, 1, heads, op, "state [slots, H, K, V]", "the head count of q [T, H, K]");
+  expect_dim(state, 2, q.dim(2), op, "state [slots, H, K, V]", "the key dimension of q [T, H, K]");
+  expect_dim(state, 3, v.dim(2), op, "state [slots, H, K, V]", "the value dimension of v [T, H, V]");
+  HLM_CHECK(heads <= 65535, "{}: {} heads; the kernels take at most 65535", op, heads);
+  check_seq_batch(seqs, rows, state.dim(0), op);
+}
+
+}  // namespace hlm::cuda
