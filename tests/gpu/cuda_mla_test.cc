@@ -1,1 +1,339 @@
-// PLACEHOLDER: the tests of this op group are written on their own branch.
+// The CUDA MLA ops (cache_write, mla_attention, lse_combine) against the CPU reference on random inputs.
+// Inputs are rounded to bf16 for the CPU and uploaded as BF16 (the GPU cache is BF16), so both backends see
+// the same values. Batches mix prefill rows (causal kv_len), decode rows with long contexts (so split-KV
+// splits), rows with kv_len 0, rows outside every sequence and the padding entries of a decode graph
+// (token_count 0, num_pages 0, kv_len 0); pages are shuffled over a pool with unused pages, and every cache
+// position no query may read (unused pages, the tail of a sequence's last page) holds NaN, so a read past
+// a sequence's keys shows up as NaN.
+//
+// Tolerances of mla_attention:
+//  - stats: the logits are fp32 dot products of bf16 values (exact products, only the summation order
+//    differs: ~1e-7 relative for D = 576), so max agrees to 1e-5·(1 + |max|); the sum Σ exp(logit − max)
+//    to 3e-5 relative (the CPU sums up to 5000 terms sequentially in fp32: ~√n·2^-24 ≈ 4e-6 typical).
+//  - out: the GPU rounds the softmax weights p to bf16 for the tensor-core P·V (as FlashMLA does), a
+//    relative error |ε| <= 2^-8 per weight, so |Δout| <= 2^-8 · Σ p|v| / Σ p <= 2^-8 · max|v| per element
+//    (values are in [-1, 1]), and the relative L2 error over a tensor is ~2^-8/√6 ≈ 1.6e-3 (random
+//    rounding): bounded at 5e-3, the project's bound for a bf16-rounded result. With all logits equal
+//    (q = 0) every weight is 1, exact in bf16, and out is a plain fp32 mean: 1e-5.
+//  - rows without keys: out exactly 0 and stats exactly (-inf, 0).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+
+#include "gpu_test_util.h"
+
+namespace hlm::test {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr double kMaxTol = 1e-5;
+constexpr double kSumTol = 3e-5;
+constexpr double kOutRelL2 = 5e-3;
+constexpr double kOutAbs = 1.0 / 256 + 1e-5;  // 2^-8 · max|v| with |v| <= 1, plus fp32 accumulation
+constexpr double kExactRelL2 = 1e-5;
+
+// One sequence of a test batch. gap: rows before it that belong to no sequence.
+struct SeqSpec {
+  int64_t gap = 0;
+  int64_t keys = 0;         // local keys in its pages
+  std::vector<int32_t> kv;  // kv_len of each query row (empty: a padding entry of a decode graph)
+};
+
+// Causal prefill rows after `prefix` cached keys: row i sees prefix + i + 1 keys.
+std::vector<int32_t> causal(int64_t prefix, int64_t rows) {
+  std::vector<int32_t> kv(rows);
+  for (int64_t i = 0; i < rows; ++i) kv[i] = static_cast<int32_t>(prefix + i + 1);
+  return kv;
+}
+
+struct Batch {
+  Tensor q;           // [T, H, D] F32, bf16-rounded
+  Tensor cache;       // [pages, P, D] F32, bf16-rounded; NaN where no query may read
+  Tensor page_table;  // [N] I32
+  Tensor kv_len;      // [T] I32
+  Tensor table;       // [S, 4] I32 (host), the device form of seqs
+  std::vector<MlaSeq> seqs;
+};
+
+Batch make_batch(std::mt19937& rng, int64_t heads, int64_t width, int64_t page,
+                 const std::vector<SeqSpec>& specs, int64_t trailing_gap, float q_lo, float q_hi,
+                 bool shuffle_table = false) {
+  int64_t rows = trailing_gap, pages = 0;
+  for (const SeqSpec& s : specs) {
+    rows += s.gap + static_cast<int64_t>(s.kv.size());
+    pages += (s.keys + page - 1) / page;
+  }
+  const int64_t pool = pages + pages / 3 + 2;  // unused pages are holes between the sequences' pages
+  std::vector<int32_t> ids(pool);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+
+  Batch b;
+  b.cache = Tensor::filled({pool, page, width}, kNaN);
+  b.q = round_bf16(random_f32({rows, heads, width}, rng, q_lo, q_hi));
+  b.kv_len = Tensor::empty({rows}, DType::kI32);
+  std::vector<int32_t> table;
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  int64_t row = 0, next_page = 0;
+  for (const SeqSpec& s : specs) {
+    for (int64_t i = 0; i < s.gap; ++i) b.kv_len.data<int32_t>()[row++] = 5;  // ignored: no sequence
+    const int64_t n_pages = (s.keys + page - 1) / page;
+    MlaSeq m{row, static_cast<int64_t>(s.kv.size()), static_cast<int64_t>(table.size()), n_pages};
+    for (int64_t k = 0; k < n_pages; ++k) table.push_back(ids[next_page++]);
+    for (int64_t key = 0; key < s.keys; ++key) {
+      float* dst = b.cache.data<float>() + (table[m.page_begin + key / page] * page + key % page) * width;
+      for (int64_t d = 0; d < width; ++d) dst[d] = bf16_to_f32(f32_to_bf16(value(rng)));
+    }
+    for (int32_t kv : s.kv) b.kv_len.data<int32_t>()[row++] = kv;
+    b.seqs.push_back(m);
+  }
+  for (int64_t i = 0; i < trailing_gap; ++i) b.kv_len.data<int32_t>()[row++] = 3;
+  if (shuffle_table) std::shuffle(b.seqs.begin(), b.seqs.end(), rng);
+  b.page_table = Tensor::from_vector_i32({static_cast<int64_t>(table.size())}, table);
+  std::vector<int32_t> t;
+  for (const MlaSeq& m : b.seqs) {
+    for (int64_t v : {m.token_begin, m.token_count, m.page_begin, m.num_pages})
+      t.push_back(static_cast<int32_t>(v));
+  }
+  b.table = Tensor::from_vector_i32({static_cast<int64_t>(b.seqs.size()), 4}, t);
+  return b;
+}
+
+class CudaMla : public ::testing::Test {
+ protected:
+  // Runs the op on both backends and compares. The GPU outputs start as NaN, so every element must be
+  // written. host_seqs: the host list the GPU call gets (a decode graph passes its captured list, whose
+  // counts and pages differ from the device table's).
+  void check(Ops& gpu, const Batch& b, float scale, int64_t v_dim, bool q_f32, const std::string& what,
+             bool exact = false, const std::vector<MlaSeq>* host_seqs = nullptr) {
+    SCOPED_TRACE(what);
+    const int64_t rows = b.q.dim(0), heads = b.q.dim(1);
+    Tensor out_c, stats_c;
+    cpu_->mla_attention(b.q, b.cache, b.page_table, b.seqs, b.kv_len, scale, v_dim, out_c, stats_c);
+
+    MlaBatch batch(host_seqs != nullptr ? *host_seqs : b.seqs);
+    if (!b.seqs.empty()) batch.table = gpu.upload(b.table);
+    Tensor out_g = gpu.upload(Tensor::filled({rows, heads, v_dim}, kNaN));
+    Tensor stats_g = gpu.upload(Tensor::filled({rows, heads, 2}, kNaN));
+    gpu.mla_attention(q_f32 ? gpu.upload(b.q) : gpu.upload(as_bf16(b.q)), gpu.upload(as_bf16(b.cache)),
+                      gpu.upload(b.page_table), batch, gpu.upload(b.kv_len), scale, v_dim, out_g, stats_g);
+    const Tensor out = gpu.to_host_f32(out_g), stats = gpu.to_host_f32(stats_g);
+
+    EXPECT_LE(rel_l2(out, out_c), exact ? kExactRelL2 : kOutRelL2);
+    const double out_abs = exact ? kExactRelL2 : kOutAbs;
+    int64_t bad_rows = 0, empty_rows = 0;
+    for (int64_t r = 0; r < rows * heads; ++r) {
+      const float m_c = stats_c.data<float>()[2 * r], s_c = stats_c.data<float>()[2 * r + 1];
+      const float m_g = stats.data<float>()[2 * r], s_g = stats.data<float>()[2 * r + 1];
+      const float* o_g = out.data<float>() + r * v_dim;
+      const float* o_c = out_c.data<float>() + r * v_dim;
+      bool ok = true;
+      if (s_c == 0.0f) {  // no visible key: exactly (-inf, 0) and zeros
+        ++empty_rows;
+        ok = m_g == -kInf && s_g == 0.0f;
+        for (int64_t e = 0; e < v_dim; ++e) ok = ok && o_g[e] == 0.0f;
+      } else {
+        ok = std::abs(m_g - m_c) <= kMaxTol * (1.0 + std::abs(m_c)) && std::abs(s_g - s_c) <= kSumTol * s_c;
+        for (int64_t e = 0; e < v_dim; ++e) ok = ok && std::abs(o_g[e] - o_c[e]) <= out_abs;  // NaN fails
+      }
+      if (!ok && ++bad_rows <= 5) {
+        ADD_FAILURE() << "row " << r / heads << " head " << r % heads << ": stats (" << m_g << ", " << s_g
+                      << ") vs CPU (" << m_c << ", " << s_c << "), out[0] " << o_g[0] << " vs " << o_c[0];
+      }
+    }
+    EXPECT_EQ(bad_rows, 0);
+    EXPECT_GT(empty_rows, 0) << "each batch should hold rows without keys";
+  }
+
+  std::mt19937 rng_{31};
+  std::unique_ptr<Ops> cpu_ = make_cpu_ops();
+};
+
+TEST_F(CudaMla, CacheWriteScattersRowsAndSkipsNegativeSlots) {
+  HLM_GPU_OR_SKIP(gpu);
+  const int64_t pages = 6, page = 4, width = 576, rows = 9;
+  const Tensor cache0 = round_bf16(random_f32({pages, page, width}, rng_));
+  const Tensor entries = random_f32({rows, width}, rng_, -3.0f, 3.0f);  // the F32 path rounds on the GPU
+  Tensor slots = Tensor::empty({rows}, DType::kI64);
+  const int64_t slot_values[rows] = {0, 23, -1, 7, 5, -1, 12, 22, 1};
+  for (int64_t i = 0; i < rows; ++i) slots.data<int64_t>()[i] = slot_values[i];
+  Tensor want = cache0.clone();
+  cpu_->cache_write(round_bf16(entries), slots, want);
+  for (bool bf16_entries : {false, true}) {
+    Tensor cache = gpu->upload(as_bf16(cache0));
+    gpu->cache_write(bf16_entries ? gpu->upload(as_bf16(entries)) : gpu->upload(entries), gpu->upload(slots),
+                     cache);
+    EXPECT_EQ(rel_l2(gpu->to_host_f32(cache), want), 0.0) << (bf16_entries ? "BF16" : "F32") << " entries";
+  }
+  Tensor cache = gpu->upload(as_bf16(cache0));
+  EXPECT_THROW(gpu->cache_write(gpu->upload(entries), gpu->upload(Tensor::zeros({rows}, DType::kI32)), cache),
+               Error);
+  EXPECT_THROW(gpu->cache_write(gpu->upload(random_f32({rows, width + 8}, rng_)), gpu->upload(slots), cache),
+               Error);
+}
+
+// The fixtures' widths (kv_lora 16 + rope 8, and 32 + 16), few heads (blocks of 32 rows span tokens), pages
+// of 4 and 16, a prefill, rows without keys and rows outside every sequence; F32 and BF16 queries.
+TEST_F(CudaMla, SmallWidthsPrefillAndGaps) {
+  HLM_GPU_OR_SKIP(gpu);
+  struct Shape {
+    int64_t heads, latent, rope, page;
+  };
+  for (const Shape& s : {Shape{3, 16, 8, 4}, Shape{4, 32, 16, 16}, Shape{8, 16, 8, 4}}) {
+    const std::vector<SeqSpec> specs = {
+        {0, 11, {9, 10, 11}},
+        {1, 4, {0}},
+        {0, 14, {0, 3, 13, 14, 6}},
+        {2, 40, causal(20, 17)},
+    };
+    const Batch b = make_batch(rng_, s.heads, s.latent + s.rope, s.page, specs, 2, -2.0f, 2.0f);
+    for (bool q_f32 : {false, true}) {
+      check(*gpu, b, 0.4f, s.latent, q_f32,
+            "heads " + std::to_string(s.heads) + " width " + std::to_string(s.latent + s.rope) +
+                (q_f32 ? " F32 q" : " BF16 q"));
+    }
+  }
+}
+
+// A decode step as the graphs run it: one token per entry, long contexts (5000 keys: many 64-key tiles, so
+// the keys really split), and padding entries (token_count 0, num_pages 0, kv_len 0). The GPU gets the
+// captured host list ({i, 1, 0, 0} for every entry) while the device table holds the step's real entries,
+// as in a graph replay. 32 heads of D = 576, v = 512 (Kimi-Linear-48B); batch 8 and batch 1.
+TEST_F(CudaMla, DecodeGraphLayoutWithLongContexts) {
+  HLM_GPU_OR_SKIP(gpu);
+  const float scale = 1.0f / std::sqrt(192.0f);
+  const std::vector<int64_t> keys = {5000, 1, 0, 64, 4097, 0, 2500, 0};  // 0: padding entries
+  std::vector<SeqSpec> specs;
+  for (int64_t k : keys)
+    specs.push_back(k == 0 ? SeqSpec{0, 0, {0}} : SeqSpec{0, k, {static_cast<int32_t>(k)}});
+  Batch b = make_batch(rng_, 32, 576, 64, specs, 0, -2.0f, 2.0f);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i] == 0) {  // a padding entry covers no row
+      b.seqs[i].token_count = 0;
+      b.table.data<int32_t>()[4 * i + 1] = 0;
+    }
+  }
+  std::vector<MlaSeq> captured;
+  for (size_t i = 0; i < keys.size(); ++i) captured.push_back(MlaSeq{static_cast<int64_t>(i), 1, 0, 0});
+  check(*gpu, b, scale, 512, false, "batch 8", false, &captured);
+
+  const Batch one = make_batch(rng_, 32, 576, 64, {SeqSpec{0, 5000, {5000}}}, 1, -2.0f, 2.0f);
+  check(*gpu, one, scale, 512, false, "batch 1 and a padding row");
+}
+
+// Prefill chunks next to decode rows in one batch, 12 heads (K3 at tp 8; 32-row blocks span tokens), the
+// table listed out of token order; with few row blocks the prefill rows are split over the keys too.
+TEST_F(CudaMla, PrefillMixedWithDecode) {
+  HLM_GPU_OR_SKIP(gpu);
+  const std::vector<SeqSpec> specs = {
+      {0, 137, causal(100, 37)},
+      {0, 3000, {3000}},
+      {1, 0, {0, 0, 0, 0, 0}},
+      {0, 20, causal(0, 20)},
+  };
+  const Batch b = make_batch(rng_, 12, 576, 64, specs, 1, -2.0f, 2.0f, /*shuffle_table=*/true);
+  check(*gpu, b, 1.0f / std::sqrt(192.0f), 512, false, "12 heads");
+}
+
+// K3's 96 heads on one rank: three 32-row blocks per token share nothing but the keys.
+TEST_F(CudaMla, NinetySixHeads) {
+  HLM_GPU_OR_SKIP(gpu);
+  const std::vector<SeqSpec> specs = {
+      {0, 3000, {3000}}, {0, 700, {700}}, {0, 15, causal(9, 6)}, {0, 64, {0}}};
+  const Batch b = make_batch(rng_, 96, 576, 64, specs, 0, -2.0f, 2.0f);
+  check(*gpu, b, 1.0f / std::sqrt(192.0f), 512, true, "96 heads");
+}
+
+// Enough row blocks (82 tokens of 32 heads) that a 132-SM GPU runs one split: the kernel writes the result
+// and zeroes the rows outside every sequence itself.
+TEST_F(CudaMla, LongPrefillOneSplit) {
+  HLM_GPU_OR_SKIP(gpu);
+  const std::vector<SeqSpec> specs = {{0, 570, causal(500, 70)}, {2, 10, causal(-1, 10)}};
+  const Batch b = make_batch(rng_, 32, 576, 64, specs, 0, -2.0f, 2.0f);
+  check(*gpu, b, 1.0f / std::sqrt(192.0f), 512, false, "82 rows");
+}
+
+// q = 0: every logit is 0, every softmax weight 1 (exact in bf16), so out is the plain mean of the visible
+// values and must match to fp32 accumulation; this pins down P·V, the tiling and the split merge exactly.
+TEST_F(CudaMla, UniformWeightsGiveTheExactMean) {
+  HLM_GPU_OR_SKIP(gpu);
+  const std::vector<SeqSpec> specs = {{0, 3001, {3001}}, {0, 40, causal(0, 40)}, {1, 5, {0}}};
+  for (int64_t heads : {32, 5}) {
+    const Batch b = make_batch(rng_, heads, 576, 64, specs, 0, 0.0f, 0.0f);
+    check(*gpu, b, 0.1f, 512, false, "heads " + std::to_string(heads), /*exact=*/true);
+  }
+}
+
+TEST_F(CudaMla, AttentionRejectsBadArguments) {
+  HLM_GPU_OR_SKIP(gpu);
+  const Batch b = make_batch(rng_, 4, 576, 64, {SeqSpec{0, 10, {10}}}, 0, -1.0f, 1.0f);
+  MlaBatch batch(b.seqs);
+  batch.table = gpu->upload(b.table);
+  const Tensor q = gpu->upload(as_bf16(b.q)), cache = gpu->upload(as_bf16(b.cache));
+  const Tensor pt = gpu->upload(b.page_table), kv = gpu->upload(b.kv_len);
+  auto run = [&](const Tensor& qq, const Tensor& cc, const MlaBatch& bb, int64_t v_dim) {
+    Tensor out, stats;
+    gpu->mla_attention(qq, cc, pt, bb, kv, 0.1f, v_dim, out, stats);
+  };
+  EXPECT_NO_THROW(run(q, cache, batch, 512));
+  EXPECT_THROW(run(q, cache, batch, 577), Error);                 // v_dim past the row
+  EXPECT_THROW(run(q, gpu->upload(b.cache), batch, 512), Error);  // an F32 cache
+  MlaBatch no_table(b.seqs);
+  EXPECT_THROW(run(q, cache, no_table, 512), Error);  // no device table
+  std::vector<MlaSeq> outside = b.seqs;
+  outside[0].token_count = 2;
+  MlaBatch bad(outside);
+  bad.table = batch.table;
+  EXPECT_THROW(run(q, cache, bad, 512), Error);  // rows past q
+  const Batch wide = make_batch(rng_, 2, 640, 64, {SeqSpec{0, 3, {3}}}, 0, -1.0f, 1.0f);
+  MlaBatch wide_batch(wide.seqs);
+  wide_batch.table = gpu->upload(wide.table);
+  Tensor out, stats;
+  EXPECT_THROW(gpu->mla_attention(gpu->upload(as_bf16(wide.q)), gpu->upload(as_bf16(wide.cache)),
+                                  gpu->upload(wide.page_table), wide_batch, gpu->upload(wide.kv_len), 0.1f,
+                                  512, out, stats),
+               Error);  // D = 640 has no kernel
+}
+
+// lse_combine: parts of empty sources ((-inf, 0)) hold NaN and must not be read; a row with no keys on any
+// source gives 0. fp32 throughout (weights differ from the CPU's by expf rounding): 1e-5 relative.
+TEST_F(CudaMla, LseCombineMatchesCpuAndSkipsEmptySources) {
+  HLM_GPU_OR_SKIP(gpu);
+  struct Shape {
+    int64_t sources, tokens, heads, v;
+  };
+  for (const Shape& s : {Shape{4, 5, 6, 37}, Shape{132, 2, 32, 512}, Shape{1, 3, 2, 16}}) {
+    Tensor parts = random_f32({s.sources, s.tokens, s.heads, s.v}, rng_);
+    Tensor stats = Tensor::empty({s.sources, s.tokens, s.heads, 2}, DType::kF32);
+    std::uniform_real_distribution<float> max_dist(-30.0f, 30.0f), sum_dist(0.5f, 200.0f);
+    std::bernoulli_distribution empty(0.3);
+    const int64_t rows = s.tokens * s.heads;
+    for (int64_t i = 0; i < s.sources; ++i) {
+      for (int64_t r = 0; r < rows; ++r) {
+        float* st = stats.data<float>() + (i * rows + r) * 2;
+        // Row 0 is empty on every source; others at random.
+        if (r == 0 || empty(rng_)) {
+          st[0] = -kInf;
+          st[1] = 0.0f;
+          std::fill_n(parts.data<float>() + (i * rows + r) * s.v, s.v, kNaN);
+        } else {
+          st[0] = max_dist(rng_);
+          st[1] = sum_dist(rng_);
+        }
+      }
+    }
+    const Tensor want = cpu_->lse_combine(parts, stats);
+    const Tensor got = gpu->to_host_f32(gpu->lse_combine(gpu->upload(parts), gpu->upload(stats)));
+    SCOPED_TRACE("sources " + std::to_string(s.sources));
+    EXPECT_LE(rel_l2(got, want), 1e-5);
+    for (int64_t e = 0; e < s.v; ++e) EXPECT_EQ(got.data<float>()[e], 0.0f) << e;
+  }
+}
+
+}  // namespace
+}  // namespace hlm::test

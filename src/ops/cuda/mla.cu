@@ -1,18 +1,648 @@
-// PLACEHOLDER while the kernels are written on their own branch; replaced before landing.
+// MLA on the GPU (docs/MODEL.md §6.2, docs/HELIX.md §3-4, docs/KERNELS.md §5): writing rows of the paged
+// latent cache, the partial attention of this rank's queries over its local pages with (max, sum)
+// statistics, and the exact LSE merge of partials (across CP ranks, and across the KV splits of one rank).
+//
+// mla_attention is one kernel for decode and prefill. A CTA owns a block of kRows = 32 query rows (a row is
+// one (token, head) pair; the rows of a block belong to one sequence: 32 heads of one token, or 4 tokens of
+// 8 heads) and one split of that block's keys. Every 64-key tile it loads from the cache is shared by all
+// 32 rows, so a decode token of 32 heads reads its K/V bytes once. The math runs on BF16 tensor cores
+// (mma.sync m16n8k16, fp32 accumulation): S = Q·Kᵀ, an online softmax in fp32, O += P·V with P rounded to
+// bf16 and V the first v_dim columns of the same tile. Decode needs more CTAs than it has row blocks, so
+// the keys are split: the number of splits is fixed at launch from host shapes (enough CTAs to fill the
+// GPU: 132 splits for one decode token of 32 heads, 1 for a prefill of many tokens), and each split takes
+// its share of the block's key tiles from the device kv_len, so a CUDA graph replayed with other lengths
+// stays exact. With one split the kernel writes the result; with several it writes per-split partials
+// (normalized within the split) that the combine kernel merges exactly, the same merge lse_combine does
+// across ranks.
+#include <algorithm>
+#include <cmath>
+
 #include "ops/cuda/cuda_kernels.h"
+#include "ops/cuda/device_math.cuh"
 
 namespace hlm::cuda {
 
-void cache_write(CudaContext& ctx, const Tensor& entries, const Tensor& slots, Tensor& cache) {
-  HLM_FAIL("CUDA cache_write: not built yet");
+namespace {
+
+constexpr int kRows = 32;              // query rows per CTA: two m16 tiles
+constexpr int kKeys = 64;              // keys per tile
+constexpr int kWarps = 8;              // S: 4 key groups x 2 halves of D; P·V: 8 column slices of V
+constexpr int kThreads = kWarps * 32;  // also 4 threads per key of a tile for the loads, 8 per row in softmax
+constexpr int kScoreLd = kKeys + 8;    // row stride (floats) of the score tiles: conflict-free float2 stores
+constexpr int kProbLd = kKeys + 8;     // row stride (bf16) of P: 144 B rows, conflict-free ldmatrix
+constexpr int kMaxCombineSources = 8192;
+static_assert(kThreads == 4 * kKeys && kThreads == 8 * kRows, "tile copy and softmax thread mappings");
+
+// Padded tile widths. kD: the cache row / query width D rounded up (multiple of 32: two halves of 16-wide
+// k-steps); kV: the value width rounded up (multiple of 128: 8 warps of 16 columns). Columns past D are
+// zero-filled in shared memory; value columns past v_dim are computed and dropped.
+template <int D_, int V_>
+struct MlaShape {
+  static constexpr int kD = D_;
+  static constexpr int kV = V_;
+  static constexpr int kLd = kD + 8;  // bf16 row stride of Q and K tiles: +16 B keeps ldmatrix conflict-free
+  static_assert(kD % 32 == 0 && kV % 128 == 0 && kV <= kD, "MLA tile shape");
+  // Dynamic shared memory, in this order: K tiles [2][kKeys][kLd] bf16, Q [kRows][kLd] bf16, partial scores
+  // [2][kRows][kScoreLd] f32, P [kRows][kProbLd] bf16. Every part is a multiple of 16 bytes.
+  static constexpr size_t kTileBytes = size_t{kKeys} * kLd * 2;
+  static constexpr size_t kQOffset = 2 * kTileBytes;
+  static constexpr size_t kScoreOffset = kQOffset + size_t{kRows} * kLd * 2;
+  static constexpr size_t kProbOffset = kScoreOffset + 2 * size_t{kRows} * kScoreLd * 4;
+  static constexpr size_t kSmemBytes = kProbOffset + size_t{kRows} * kProbLd * 2;
+};
+using MlaLarge = MlaShape<576, 512>;  // Kimi Linear / K3: D = 512 + 64, v = 512
+using MlaSmall = MlaShape<128, 128>;  // the fixtures and anything up to 128 wide
+
+struct MlaParams {
+  const void* q;          // [T, H, D] BF16 or F32
+  const bf16* cache;      // [pages, P, D]
+  const int* page_table;  // [N]
+  const int* seqs;        // [S, 4]: token_begin, token_count, page_begin, num_pages
+  const int* kv_len;      // [T]
+  float* out;             // one split: [T, H, v_dim]; several: partials [splits, T·H, v_dim]
+  float* stats;           // one split: [T, H, 2]; several: partials [splits, T·H, 2]
+  int64_t cache_pages;
+  int tokens, heads, dim, v_dim, page_size, num_seqs, page_table_len, splits;
+  float scale;
+};
+
+// --- warp-level tensor-core and async-copy primitives ------------------------------------------------------
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
-void mla_attention(CudaContext& ctx, const Tensor& q, const Tensor& cache, const Tensor& page_table, const MlaBatch& seqs, const Tensor& kv_len, float scale, int64_t v_dim, Tensor& out, Tensor& stats) {
-  HLM_FAIL("CUDA mla_attention: not built yet");
+// Four 8x8 b16 matrices; lane l gives the address of row (l & 7) of matrix (l >> 3); register i holds, in
+// each lane, row lane/4 and columns 2·(lane%4) + {0, 1} of matrix i (with .trans: of its transpose).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+
+// d += a·b for a 16x16 (row-major) bf16 tile a and a 16x8 (column-major) bf16 tile b, fp32 accumulators.
+// Fragments (g = lane/4, c = 2·(lane%4)): a = {(g, c..c+1), (g+8, c..), (g, c+8..), (g+8, c+8..)},
+// b = {(k c..c+1, n g), (k c+8..c+9, n g)}, d = {(g, c), (g, c+1), (g+8, c), (g+8, c+1)}.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 16 bytes global -> shared, bypassing L1 (the cache is streamed once); zero-filled when !valid (no read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lower address) = lo
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Eight consecutive query elements as bf16 (16 bytes).
+__device__ __forceinline__ uint4 load8_bf16(const bf16* p) { return *reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ uint4 load8_bf16(const float* p) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  return make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+}
+
+// --- the batch table ---------------------------------------------------------------------------------------
+struct SeqView {
+  int token_begin, token_count, page_begin, num_pages;
+};
+
+// Sequence s of the device table, clamped to the tensors so that a bad entry cannot reach outside them
+// (the host checks its own copy of the list; under graphs the device table is refilled between replays).
+__device__ __forceinline__ SeqView read_seq(const MlaParams& p, int s) {
+  const int* e = p.seqs + 4 * static_cast<int64_t>(s);
+  SeqView v{e[0], e[1], e[2], e[3]};
+  if (v.token_begin < 0 || v.token_begin > p.tokens) v.token_count = 0;
+  v.token_count = max(0, min(v.token_count, p.tokens - v.token_begin));
+  if (v.page_begin < 0 || v.page_begin > p.page_table_len) v.num_pages = 0;
+  v.num_pages = max(0, min(v.num_pages, p.page_table_len - v.page_begin));
+  return v;
+}
+
+// Row blocks are numbered sequence by sequence (sequence s has ceil(token_count·H / kRows) of them). Warp 0
+// finds the sequence of block `b` and its index there; a block past the last one (spare) gets seq -1 and the
+// total count, for zeroing the rows of tokens outside every sequence. Returned in every lane.
+struct BlockOf {
+  int seq, local, total;
+};
+__device__ BlockOf find_block(const MlaParams& p, int b, int lane) {
+  int base = 0;
+  for (int s0 = 0; s0 < p.num_seqs; s0 += 32) {
+    const int s = s0 + lane;
+    const int blocks = s < p.num_seqs ? (read_seq(p, s).token_count * p.heads + kRows - 1) / kRows : 0;
+    int incl = blocks;  // inclusive scan of the block counts over the lanes
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    const int first = base + incl - blocks;
+    const unsigned mine = __ballot_sync(0xffffffffu, b >= first && b < first + blocks);
+    if (mine != 0) {
+      const int src = __ffs(mine) - 1;
+      return BlockOf{s0 + src, b - __shfl_sync(0xffffffffu, first, src), 0};
+    }
+    base += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  return BlockOf{-1, 0, base};
+}
+
+// A spare CTA (one past the row blocks) writes (-inf, 0) statistics, and with one split zero outputs, for
+// the rows of every token no sequence covers (padding of a decode graph, gaps in a batch). Each warp takes
+// tokens in turn; with several splits each split's spare CTAs fill that split's partial statistics.
+__device__ void zero_uncovered_rows(const MlaParams& p, int spare, int num_spare, int warp, int lane) {
+  const int64_t rows = static_cast<int64_t>(p.tokens) * p.heads;
+  for (int t = spare * kWarps + warp; t < p.tokens; t += num_spare * kWarps) {
+    bool covered = false;
+    for (int s0 = 0; s0 < p.num_seqs && !covered; s0 += 32) {
+      bool in = false;
+      if (s0 + lane < p.num_seqs) {
+        const SeqView v = read_seq(p, s0 + lane);
+        in = t >= v.token_begin && t < v.token_begin + v.token_count;
+      }
+      covered = __any_sync(0xffffffffu, in);
+    }
+    if (covered) continue;
+    const int64_t row0 = static_cast<int64_t>(t) * p.heads;
+    const int64_t plane = p.splits > 1 ? blockIdx.y * rows : 0;  // this split's partials
+    for (int h = lane; h < p.heads; h += 32) {
+      p.stats[(plane + row0 + h) * 2] = -INFINITY;
+      p.stats[(plane + row0 + h) * 2 + 1] = 0.0f;
+    }
+    if (p.splits == 1) {
+      for (int64_t i = lane; i < static_cast<int64_t>(p.heads) * p.v_dim; i += 32)
+        p.out[row0 * p.v_dim + i] = 0.0f;
+    }
+  }
+}
+
+// --- the attention kernel ----------------------------------------------------------------------------------
+// Grid (row-block slots, splits), kThreads threads, Shape::kSmemBytes of dynamic shared memory, one CTA per
+// SM. Per key tile: (1) the 4 threads of each key copy its cache row (cp.async, one tile ahead of the
+// math); (2) warp w computes partial scores S[32 rows, keys 16·(w%4) ..+16] over half w/4 of D; (3) 8
+// threads per row sum the halves, scale, mask by the row's kv_len and update the row's running (max, sum),
+// writing P (bf16) and the rescale factor; (4) warp w rescales and accumulates O[32 rows, its kV/8
+// columns] += P·V. An m16 tile past the block's last row skips its MMAs.
+template <class Shape, class TQ>
+__global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaParams p) {
+  constexpr int kD = Shape::kD, kLd = Shape::kLd;
+  constexpr int kWarpCols = Shape::kV / kWarps;  // value columns of one warp
+  constexpr int kColTiles = kWarpCols / 8;       // n8 tiles of one warp
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* k_tiles = reinterpret_cast<bf16*>(smem);                         // [2][kKeys][kLd]
+  bf16* q_tile = reinterpret_cast<bf16*>(smem + Shape::kQOffset);        // [kRows][kLd]
+  float* scores = reinterpret_cast<float*>(smem + Shape::kScoreOffset);  // [2][kRows][kScoreLd]
+  bf16* probs = reinterpret_cast<bf16*>(smem + Shape::kProbOffset);      // [kRows][kProbLd]
+  __shared__ int row_kv[kRows];       // visible keys of each row of the block (0 past its last row)
+  __shared__ float row_alpha[kRows];  // rescale of O for the current tile
+  __shared__ float row_max[kRows], row_sum[kRows];
+  __shared__ BlockOf block;
+  __shared__ int kv_max;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, c2 = 2 * (lane & 3);  // mma fragment row and column pair
+  if (warp == 0) {
+    const BlockOf b = find_block(p, blockIdx.x, lane);
+    if (lane == 0) block = b;
+  }
+  __syncthreads();
+  if (block.seq < 0) {
+    zero_uncovered_rows(p, blockIdx.x - block.total, gridDim.x - block.total, warp, lane);
+    return;
+  }
+  const SeqView seq = read_seq(p, block.seq);
+  const int row_begin = seq.token_begin * p.heads + block.local * kRows;  // first flat row t·H + h
+  const int num_rows = min(kRows, (seq.token_begin + seq.token_count) * p.heads - row_begin);
+  const bool two_tiles = num_rows > 16;  // whether the second m16 tile holds rows
+  // Keys its pages hold (capped so that key indices rounded up to whole tiles stay in 32 bits).
+  const int64_t seq_keys64 = static_cast<int64_t>(seq.num_pages) * p.page_size;
+  const int seq_keys = static_cast<int>(seq_keys64 < INT32_MAX - kKeys ? seq_keys64 : INT32_MAX - kKeys);
+  if (warp == 0) {
+    int kv = 0;
+    if (lane < num_rows) kv = max(0, min(p.kv_len[(row_begin + lane) / p.heads], seq_keys));
+    row_kv[lane] = kv;
+    kv = __reduce_max_sync(0xffffffffu, kv);
+    if (lane == 0) kv_max = kv;
+  }
+
+  // Q of the block, as bf16, zero past D and past the block's rows.
+  const TQ* q = static_cast<const TQ*>(p.q);
+  for (int c = tid; c < kRows * (kD / 8); c += kThreads) {
+    const int r = c / (kD / 8), col = (c % (kD / 8)) * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < num_rows && col < p.dim) v = load8_bf16(q + static_cast<int64_t>(row_begin + r) * p.dim + col);
+    *reinterpret_cast<uint4*>(q_tile + r * kLd + col) = v;
+  }
+  __syncthreads();
+
+  // This split's key tiles: an even share of the tiles covering the block's longest kv_len.
+  const int64_t tiles = (kv_max + kKeys - 1) / kKeys;
+  const int tile_begin = static_cast<int>(tiles * blockIdx.y / p.splits);
+  const int tile_end = static_cast<int>(tiles * (blockIdx.y + 1) / p.splits);
+  const int key_end = min(kv_max, tile_end * kKeys);
+
+  // Tile copy: thread tid copies 16-byte chunks tid%4, +4, ... of key tid/4; keys at or past key_end and
+  // columns past D are zero-filled, so every value the MMAs read is finite.
+  auto load_tile = [&](int tile, int buf) {
+    const int k = tid >> 2, key = tile * kKeys + k;
+    const bf16* src = p.cache;
+    bool valid = key < key_end;
+    if (valid) {
+      const int page = p.page_table[seq.page_begin + key / p.page_size];
+      valid = page >= 0 && page < p.cache_pages;
+      if (valid) src = p.cache + (static_cast<int64_t>(page) * p.page_size + key % p.page_size) * p.dim;
+    }
+    bf16* dst = k_tiles + (buf * kKeys + k) * kLd;
+    for (int c = tid & 3; c < kD / 8; c += 4) {
+      const bool chunk = valid && c * 8 < p.dim;
+      cp_async16(dst + c * 8, chunk ? src + c * 8 : p.cache, chunk);
+    }
+    cp_async_commit();
+  };
+
+  float o[2][kColTiles][4] = {};               // O[m16 tile][n8 tile of this warp's columns], fragment layout
+  float m_run = -INFINITY, l_run = 0.0f;       // softmax state of row tid/8, the same in its 8 threads
+  const int srow = tid >> 3, spart = tid & 7;  // softmax: row and 8-key slice of this thread
+  const int half = warp >> 2, key_group = (warp & 3) * 16;
+  if (tile_begin < tile_end) load_tile(tile_begin, 0);
+  for (int tile = tile_begin; tile < tile_end; ++tile) {
+    const int buf = (tile - tile_begin) & 1;
+    const bf16* kt = k_tiles + buf * kKeys * kLd;  // [kKeys][kLd]
+    cp_async_wait_all();
+    __syncthreads();  // tile visible to all; every warp is done with the other buffer and with P
+    if (tile + 1 < tile_end) load_tile(tile + 1, buf ^ 1);
+
+    // (2) partial scores over dims [half·kD/2, (half+1)·kD/2) for keys key_group..+16.
+    {
+      float s[2][2][4] = {};
+      for (int kk = 0; kk < kD / 32; ++kk) {
+        const int d = half * (kD / 2) + kk * 16;
+        uint32_t b[4];  // keys +0..7 and +8..15, dims d..d+7 and d+8..d+15
+        ldsm_x4(b, kt + (key_group + ((lane >> 4) << 3) + (lane & 7)) * kLd + d + ((lane >> 3) & 1) * 8);
+        for (int mt = 0; mt < 2; ++mt) {
+          if (mt == 1 && !two_tiles) break;
+          uint32_t a[4];
+          ldsm_x4(a, q_tile + (mt * 16 + (lane & 15)) * kLd + d + (lane >> 4) * 8);
+          mma_bf16(s[mt][0], a, b[0], b[1]);
+          mma_bf16(s[mt][1], a, b[2], b[3]);
+        }
+      }
+      float* sp = scores + half * kRows * kScoreLd;
+      for (int mt = 0; mt < 2; ++mt) {
+        for (int nt = 0; nt < 2; ++nt) {
+          float* at = sp + (mt * 16 + g) * kScoreLd + key_group + nt * 8 + c2;
+          *reinterpret_cast<float2*>(at) = make_float2(s[mt][nt][0], s[mt][nt][1]);
+          *reinterpret_cast<float2*>(at + 8 * kScoreLd) = make_float2(s[mt][nt][2], s[mt][nt][3]);
+        }
+      }
+    }
+    __syncthreads();
+
+    // (3) online softmax of row srow over keys spart·8..+8 of the tile.
+    {
+      const int kv = row_kv[srow], key0 = tile * kKeys + spart * 8;
+      const float* s0 = scores + srow * kScoreLd + spart * 8;
+      const float* s1 = s0 + kRows * kScoreLd;
+      float logit[8];
+      float tile_max = -INFINITY;
+      for (int e = 0; e < 8; ++e) {
+        logit[e] = (s0[e] + s1[e]) * p.scale;
+        if (key0 + e < kv) tile_max = fmaxf(tile_max, logit[e]);
+      }
+      for (int o8 = 1; o8 < 8; o8 <<= 1)
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, o8));
+      const float m_new = fmaxf(m_run, tile_max);
+      // No visible key so far: O and the sum are 0, and exp(-inf - -inf) must not be formed.
+      const float alpha = m_run == -INFINITY ? 0.0f : expf(m_run - m_new);
+      float pv[8], sum = 0.0f;
+      for (int e = 0; e < 8; ++e) {
+        pv[e] = key0 + e < kv ? expf(logit[e] - m_new) : 0.0f;
+        sum += pv[e];
+      }
+      *reinterpret_cast<uint4*>(probs + srow * kProbLd + spart * 8) = make_uint4(
+          pack_bf16(pv[0], pv[1]), pack_bf16(pv[2], pv[3]), pack_bf16(pv[4], pv[5]), pack_bf16(pv[6], pv[7]));
+      for (int o8 = 1; o8 < 8; o8 <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o8);
+      l_run = l_run * alpha + sum;
+      m_run = m_new;
+      if (spart == 0) row_alpha[srow] = alpha;
+    }
+    __syncthreads();
+
+    // (4) O = O·alpha + P·V over this warp's value columns.
+    const int col0 = warp * kWarpCols;
+    for (int mt = 0; mt < 2; ++mt) {
+      const float a_lo = row_alpha[mt * 16 + g], a_hi = row_alpha[mt * 16 + g + 8];
+      for (int nt = 0; nt < kColTiles; ++nt) {
+        o[mt][nt][0] *= a_lo;
+        o[mt][nt][1] *= a_lo;
+        o[mt][nt][2] *= a_hi;
+        o[mt][nt][3] *= a_hi;
+      }
+    }
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      uint32_t a[2][4];
+      ldsm_x4(a[0], probs + (lane & 15) * kProbLd + kk * 16 + (lane >> 4) * 8);
+      if (two_tiles) ldsm_x4(a[1], probs + (16 + (lane & 15)) * kProbLd + kk * 16 + (lane >> 4) * 8);
+      for (int np = 0; np < kColTiles / 2; ++np) {
+        uint32_t b[4];  // keys kk·16 + 0..7 / 8..15 for columns +0..7, then for columns +8..15
+        ldsm_x4_trans(
+            b, kt + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kLd + col0 + np * 16 + (lane >> 4) * 8);
+        for (int mt = 0; mt < 2; ++mt) {
+          if (mt == 1 && !two_tiles) break;
+          mma_bf16(o[mt][2 * np], a[mt], b[0], b[1]);
+          mma_bf16(o[mt][2 * np + 1], a[mt], b[2], b[3]);
+        }
+      }
+    }
+  }
+
+  // Epilogue: O / sum, and (max, sum); a row without keys in this split gives 0 and (-inf, 0).
+  if (spart == 0) {
+    row_max[srow] = m_run;
+    row_sum[srow] = l_run;
+  }
+  __syncthreads();
+  const int64_t plane = p.splits > 1 ? blockIdx.y * (static_cast<int64_t>(p.tokens) * p.heads) : 0;
+  if (tid < num_rows) {
+    p.stats[(plane + row_begin + tid) * 2] = row_max[tid];
+    p.stats[(plane + row_begin + tid) * 2 + 1] = row_sum[tid];
+  }
+  for (int mt = 0; mt < 2; ++mt) {
+    for (int hi = 0; hi < 2; ++hi) {
+      const int r = mt * 16 + g + 8 * hi;
+      // A split's partial without keys has weight 0 in the merge and is never read: not written.
+      if (r >= num_rows || (p.splits > 1 && row_sum[r] == 0.0f)) continue;
+      const float inv = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
+      float* dst = p.out + (plane + row_begin + r) * p.v_dim;
+      for (int nt = 0; nt < kColTiles; ++nt) {
+        const int col = warp * kWarpCols + nt * 8 + c2;
+        if (col < p.v_dim) dst[col] = o[mt][nt][2 * hi] * inv;
+        if (col + 1 < p.v_dim) dst[col + 1] = o[mt][nt][2 * hi + 1] * inv;
+      }
+    }
+  }
+}
+
+template <class Shape, class TQ>
+void launch_mla_attention(const MlaParams& p, dim3 grid, cudaStream_t stream) {
+  // Above 48 KB a kernel must opt in to its dynamic shared memory; once per instantiation.
+  static const cudaError_t opt_in = cudaFuncSetAttribute(
+      mla_attention_kernel<Shape, TQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes);
+  HLM_CUDA_CHECK(opt_in);
+  mla_attention_kernel<Shape, TQ><<<grid, kThreads, Shape::kSmemBytes, stream>>>(p);
+  HLM_CHECK_LAUNCH("mla_attention");
+}
+
+// --- exact merge of partials (lse_combine, and the splits of mla_attention) --------------------------------
+struct CombineParams {
+  const float* parts;  // [R, rows, V]
+  const float* stats;  // [R, rows, 2]
+  float* out;          // [rows, V]
+  float* out_stats;    // [rows, 2] (the merged max and sum), or null
+  int64_t rows;
+  int v_dim, sources;
+};
+
+constexpr int kCombineThreads = 256;
+constexpr int kCombineCols = 64;                                // columns of one CTA
+constexpr int kCombineGroups = kCombineThreads / kCombineCols;  // sources are dealt to 4 thread groups
+
+// Grid (rows, ceil(V / 64)). The CTA forms the weights w_i = s_i·exp(m_i − M) / Σ of its row once (block
+// reductions, so every CTA of a row gets the same bits), then thread (group, column) sums w_i·part_i over
+// sources group, group+4, ... (so a long source list is read by 4 chains in parallel) and the groups are
+// added in shared memory. Sources of weight 0 (empty: (-inf, 0)) are never read.
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineParams p) {
+  extern __shared__ float weight[];  // [sources]
+  __shared__ float scratch[32];
+  __shared__ float group_sum[kCombineGroups][kCombineCols];
+  const int64_t row = blockIdx.x;
+  const int tid = threadIdx.x;
+  float m = -INFINITY;
+  for (int i = tid; i < p.sources; i += kCombineThreads) m = fmaxf(m, p.stats[(i * p.rows + row) * 2]);
+  const float global_max = block_max(m, scratch);
+  float denom = 0.0f;
+  if (global_max != -INFINITY) {
+    for (int i = tid; i < p.sources; i += kCombineThreads) {
+      const float mi = p.stats[(i * p.rows + row) * 2], si = p.stats[(i * p.rows + row) * 2 + 1];
+      weight[i] = si * expf(mi - global_max);  // 0 for an empty source (-inf, 0)
+      denom += weight[i];
+    }
+  }
+  denom = block_sum(denom, scratch);   // its barriers also publish the weights
+  const bool empty = !(denom > 0.0f);  // no keys anywhere: output 0
+  const int col_local = tid % kCombineCols, group = tid / kCombineCols;
+  const int col = blockIdx.y * kCombineCols + col_local;
+  float acc = 0.0f;
+  if (!empty && col < p.v_dim) {
+    for (int i = group; i < p.sources; i += kCombineGroups) {
+      const float wi = weight[i];
+      if (wi != 0.0f) acc += wi / denom * p.parts[(i * p.rows + row) * p.v_dim + col];
+    }
+  }
+  group_sum[group][col_local] = acc;
+  __syncthreads();
+  if (group == 0 && col < p.v_dim) {
+    float y = 0.0f;
+    for (int k = 0; k < kCombineGroups; ++k) y += group_sum[k][col_local];
+    p.out[row * p.v_dim + col] = y;
+  }
+  if (p.out_stats != nullptr && blockIdx.y == 0 && tid == 0) {
+    p.out_stats[row * 2] = empty ? -INFINITY : global_max;
+    p.out_stats[row * 2 + 1] = empty ? 0.0f : denom;
+  }
+}
+
+void launch_combine(const CombineParams& p, cudaStream_t stream) {
+  if (p.rows == 0 || p.v_dim == 0) return;
+  const dim3 grid(static_cast<unsigned>(p.rows), blocks_for(p.v_dim, kCombineCols));
+  combine_kernel<<<grid, kCombineThreads, p.sources * sizeof(float), stream>>>(p);
+  HLM_CHECK_LAUNCH("lse_combine");
+}
+
+// --- cache write -------------------------------------------------------------------------------------------
+struct CacheWriteParams {
+  const void* entries;  // [T, D] BF16 or F32
+  bool entries_bf16;
+  const int64_t* slots;  // [T]
+  bf16* cache;           // [pages·P, D]
+  int64_t rows, width, capacity;
+};
+
+// One warp per row; a negative slot (another rank's token) skips the row, and so does a slot past the
+// cache (the host cannot see device slots; writing there would corrupt other memory).
+__global__ void cache_write_kernel(const CacheWriteParams p) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= p.rows) return;
+  const int64_t slot = p.slots[row];
+  if (slot < 0 || slot >= p.capacity) return;
+  bf16* dst = p.cache + slot * p.width;
+  for (int64_t d = threadIdx.x & 31; d < p.width; d += 32) {
+    const int64_t i = row * p.width + d;
+    dst[d] = p.entries_bf16 ? static_cast<const bf16*>(p.entries)[i]
+                            : __float2bfloat16_rn(static_cast<const float*>(p.entries)[i]);
+  }
+}
+
+}  // namespace
+
+void cache_write(CudaContext& ctx, const Tensor& entries, const Tensor& slots, Tensor& cache) {
+  const char* op = "cache_write";
+  expect_cuda(entries, op, "entries", {DType::kBF16, DType::kF32}, 2, "[T, D]");
+  expect_cuda(slots, op, "slots", {DType::kI64}, 1, "[T]");
+  expect_cuda(cache, op, "cache", {DType::kBF16}, 3, "[pages, P, D]");
+  expect_dim(slots, 0, entries.dim(0), op, "slots [T]", "the row count of entries [T, D]");
+  expect_dim(cache, 2, entries.dim(1), op, "cache [pages, P, D]", "the width of entries [T, D]");
+  CacheWriteParams p{entries.raw(),
+                     entries.dtype() == DType::kBF16,
+                     slots.data<int64_t>(),
+                     static_cast<bf16*>(cache.raw()),
+                     entries.dim(0),
+                     entries.dim(1),
+                     cache.dim(0) * cache.dim(1)};
+  if (p.rows == 0) return;
+  constexpr int kRowsPerBlock = 8;
+  cache_write_kernel<<<blocks_for(p.rows, kRowsPerBlock), kRowsPerBlock * 32, 0, ctx.stream()>>>(p);
+  HLM_CHECK_LAUNCH("cache_write");
+}
+
+void mla_attention(CudaContext& ctx, const Tensor& q, const Tensor& cache, const Tensor& page_table,
+                   const MlaBatch& seqs, const Tensor& kv_len, float scale, int64_t v_dim, Tensor& out,
+                   Tensor& stats) {
+  const char* op = "mla_attention";
+  expect_cuda(q, op, "q", {DType::kBF16, DType::kF32}, 3, "[T, H, D]");
+  expect_cuda(cache, op, "cache", {DType::kBF16}, 3, "[pages, P, D]");
+  expect_cuda(page_table, op, "page_table", {DType::kI32}, 1, "[N]");
+  expect_cuda(kv_len, op, "kv_len", {DType::kI32}, 1, "[T]");
+  const int64_t tokens = q.dim(0), heads = q.dim(1), dim = q.dim(2);
+  const int64_t num_seqs = static_cast<int64_t>(seqs.seqs.size());
+  expect_dim(cache, 2, dim, op, "cache [pages, P, D]", "the query width of q [T, H, D]");
+  expect_dim(kv_len, 0, tokens, op, "kv_len [T]", "the query count of q [T, H, D]");
+  HLM_CHECK(v_dim >= 1 && v_dim <= dim, "mla_attention: v_dim {} must be in [1, {}] (the cache row width)",
+            v_dim, dim);
+  HLM_CHECK(dim % 8 == 0, "mla_attention: the row width D = {} must be a multiple of 8 (16-byte cache rows)",
+            dim);
+  HLM_CHECK(cache.dim(1) >= 1, "mla_attention: the cache {} has empty pages", cache.describe());
+  HLM_CHECK(
+      reinterpret_cast<uintptr_t>(q.raw()) % 16 == 0 && reinterpret_cast<uintptr_t>(cache.raw()) % 16 == 0,
+      "mla_attention: q and the cache must start on 16-byte boundaries");
+  HLM_CHECK(tokens * heads <= (int64_t{1} << 30) && cache.dim(0) * cache.dim(1) <= INT32_MAX &&
+                page_table.dim(0) <= INT32_MAX,
+            "mla_attention: {} query rows of {} heads or a cache of {} slots exceed the 32-bit indexing",
+            tokens, heads, cache.dim(0) * cache.dim(1));
+  const bool small = dim <= MlaSmall::kD && v_dim <= MlaSmall::kV;
+  HLM_CHECK(small || (dim <= MlaLarge::kD && v_dim <= MlaLarge::kV),
+            "mla_attention: D = {}, v_dim = {} is not supported (D <= {} and v_dim <= {}, or D <= {} and "
+            "v_dim <= {})",
+            dim, v_dim, MlaSmall::kD, MlaSmall::kV, MlaLarge::kD, MlaLarge::kV);
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    const MlaSeq& s = seqs.seqs[i];
+    HLM_CHECK(s.token_begin >= 0 && s.token_count >= 0 && s.token_begin + s.token_count <= tokens,
+              "mla_attention: sequence {} covers query rows [{}, {}), outside the {} rows of q", i,
+              s.token_begin, s.token_begin + s.token_count, tokens);
+    HLM_CHECK(s.page_begin >= 0 && s.num_pages >= 0 && s.page_begin + s.num_pages <= page_table.dim(0),
+              "mla_attention: sequence {} lists page_table entries [{}, {}), outside the {} entries", i,
+              s.page_begin, s.page_begin + s.num_pages, page_table.dim(0));
+  }
+  if (num_seqs > 0) {
+    expect_cuda(seqs.table, op, "the batch table", {DType::kI32}, 2, "[S, 4]");
+    expect_dim(seqs.table, 0, num_seqs, op, "the batch table [S, 4]", "the number of sequences");
+    expect_dim(seqs.table, 1, 4, op, "the batch table [S, 4]",
+               "token_begin, token_count, page_begin, num_pages");
+  }
+  prepare_output(ctx, out, {tokens, heads, v_dim}, DType::kF32, op, "out");
+  prepare_output(ctx, stats, {tokens, heads, 2}, DType::kF32, op, "stats");
+  if (tokens == 0) return;
+
+  // Row-block slots: an upper bound on Σ_s ceil(count_s·H / kRows) from host shapes only (a sequence's
+  // blocks cover at most ceil(H / kRows) per token, and Σ_s ceil(x_s) < Σ_s x_s + S). Whenever a token is
+  // outside every sequence the bound leaves at least one spare slot to zero it. Splits fill the SMs.
+  const int64_t per_token = (heads + kRows - 1) / kRows;
+  const int64_t slots = std::min(tokens * per_token, num_seqs + (tokens * heads + kRows - 1) / kRows);
+  const int64_t splits = std::max<int64_t>(1, ctx.sm_count() / slots);
+  HLM_CHECK(slots <= INT32_MAX, "mla_attention: {} row blocks exceed the grid", slots);
+
+  MlaParams p{};
+  p.q = q.raw();
+  p.cache = static_cast<const bf16*>(cache.raw());
+  p.page_table = page_table.data<int32_t>();
+  p.seqs = num_seqs > 0 ? seqs.table.data<int32_t>() : nullptr;
+  p.kv_len = kv_len.data<int32_t>();
+  p.cache_pages = cache.dim(0);
+  p.tokens = static_cast<int>(tokens);
+  p.heads = static_cast<int>(heads);
+  p.dim = static_cast<int>(dim);
+  p.v_dim = static_cast<int>(v_dim);
+  p.page_size = static_cast<int>(cache.dim(1));
+  p.num_seqs = static_cast<int>(num_seqs);
+  p.page_table_len = static_cast<int>(page_table.dim(0));
+  p.splits = static_cast<int>(splits);
+  p.scale = scale;
+  Tensor part_out, part_stats;  // [splits, T·H, v_dim], [splits, T·H, 2]
+  if (splits > 1) {
+    part_out = ctx.empty({splits, tokens * heads, v_dim}, DType::kF32);
+    part_stats = ctx.empty({splits, tokens * heads, 2}, DType::kF32);
+    p.out = part_out.data<float>();
+    p.stats = part_stats.data<float>();
+  } else {
+    p.out = out.data<float>();
+    p.stats = stats.data<float>();
+  }
+  const dim3 grid(static_cast<unsigned>(slots), static_cast<unsigned>(splits));
+  const bool bf16_q = q.dtype() == DType::kBF16;
+  switch ((small ? 2 : 0) + (bf16_q ? 1 : 0)) {
+    case 0:
+      launch_mla_attention<MlaLarge, float>(p, grid, ctx.stream());
+      break;
+    case 1:
+      launch_mla_attention<MlaLarge, bf16>(p, grid, ctx.stream());
+      break;
+    case 2:
+      launch_mla_attention<MlaSmall, float>(p, grid, ctx.stream());
+      break;
+    default:
+      launch_mla_attention<MlaSmall, bf16>(p, grid, ctx.stream());
+      break;
+  }
+  if (splits > 1) {
+    launch_combine(CombineParams{p.out, p.stats, out.data<float>(), stats.data<float>(), tokens * heads,
+                                 p.v_dim, p.splits},
+                   ctx.stream());
+  }
 }
 
 Tensor lse_combine(CudaContext& ctx, const Tensor& parts, const Tensor& stats) {
-  HLM_FAIL("CUDA lse_combine: not built yet");
+  const char* op = "lse_combine";
+  expect_cuda(parts, op, "parts", {DType::kF32}, 4, "[R, T, H, V]");
+  expect_cuda(stats, op, "stats", {DType::kF32}, 4, "[R, T, H, 2]");
+  for (int i = 0; i < 3; ++i) {
+    expect_dim(stats, i, parts.dim(i), op, "stats [R, T, H, 2]", "the same dimension of parts [R, T, H, V]");
+  }
+  expect_dim(stats, 3, 2, op, "stats [R, T, H, 2]", "the (max, sum) pair");
+  const int64_t sources = parts.dim(0), rows = parts.dim(1) * parts.dim(2), v_dim = parts.dim(3);
+  HLM_CHECK(sources <= kMaxCombineSources && v_dim <= int64_t{65535} * kCombineCols,
+            "lse_combine: {} sources of width {} (at most {} sources of width {})", sources, v_dim,
+            kMaxCombineSources, 65535 * kCombineCols);
+  if (sources == 0) return ctx.zeros({parts.dim(1), parts.dim(2), v_dim}, DType::kF32);
+  Tensor y = ctx.empty({parts.dim(1), parts.dim(2), v_dim}, DType::kF32);  // [T, H, V]
+  launch_combine(CombineParams{parts.data<float>(), stats.data<float>(), y.data<float>(), nullptr, rows,
+                               static_cast<int>(v_dim), static_cast<int>(sources)},
+                 ctx.stream());
+  return y;
 }
 
 }  // namespace hlm::cuda
