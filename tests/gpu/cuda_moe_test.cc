@@ -504,6 +504,20 @@ TEST(CudaMoe, ExpertsPartialChunksAndLargeScales) {
   }
 }
 
+TEST(CudaMoe, EmptyBatch) {
+  HLM_GPU_OR_SKIP(gpu);
+  std::mt19937 rng(57);
+  Tensor x = gpu->upload(as_bf16(Tensor::empty({0, 64}, DType::kF32)));
+  Tensor idx, weights;
+  gpu->moe_route(x, gpu->upload(as_bf16(random_f32({16, 64}, rng))), gpu->upload(random_f32({16}, rng)),
+                 RouterParams{4, 4, 2, true, 1.0f}, idx, weights);
+  EXPECT_EQ(idx.shape(), (Shape{0, 4}));
+  EXPECT_EQ(weights.shape(), (Shape{0, 4}));
+  const Experts ex = dense_experts(*gpu, 4, 32, 64, DType::kBF16, rng);
+  EXPECT_EQ(gpu->moe_experts(x, idx, weights, ex.gpu, 0, activation(Activation::kSilu)).shape(),
+            (Shape{0, 64}));
+}
+
 TEST(CudaMoe, ExpertsReplayUnderGraphWithNewRouting) {
   HLM_GPU_OR_SKIP(gpu);
   auto cpu = make_cpu_ops();
