@@ -119,6 +119,11 @@ struct RouterParams {
   float scaling = 1.0f;
 };
 
+// The router's rules (docs/MODEL.md §7.1), the same for every backend: num_expert_group splits the
+// `experts` into groups of at least 2, 1 <= topk_group <= groups, 1 <= top_k <= topk_group · group size.
+// Throws naming `op`.
+void check_router_params(const RouterParams& p, int64_t experts, const char* op);
+
 struct ActivationParams {
   Activation kind = Activation::kSilu;
   float situ_beta = 4.0f;          // SiTU only

@@ -37,16 +37,8 @@ void moe_route(const Tensor& x, const Tensor& w, const Tensor& bias, const Route
   expect_dim(w, 1, x.dim(1), op, "w [E, D]", "the hidden size of x [T, D]");
   const int64_t rows = x.dim(0), hidden = x.dim(1), experts = w.dim(0);
   expect_dim(bias, 0, experts, op, "bias [E]", "the expert count of w [E, D]");
-  const int64_t groups = p.num_expert_group;
-  HLM_CHECK(groups >= 1 && experts % groups == 0 && experts / groups >= 2,
-            "moe_route: num_expert_group {} must divide the {} experts into groups of at least 2", groups,
-            experts);
-  const int64_t per_group = experts / groups;
-  HLM_CHECK(p.topk_group >= 1 && p.topk_group <= groups, "moe_route: topk_group {} must be in [1, {}]",
-            p.topk_group, groups);
-  HLM_CHECK(p.top_k >= 1 && p.top_k <= p.topk_group * per_group,
-            "moe_route: top_k {} must be in [1, {}] (topk_group {} groups of {} experts)", p.top_k,
-            p.topk_group * per_group, p.topk_group, per_group);
+  check_router_params(p, experts, op);
+  const int64_t groups = p.num_expert_group, per_group = experts / groups;
   prepare_output(idx, {rows, p.top_k}, DType::kI32, op, "idx");
   prepare_output(weights, {rows, p.top_k}, DType::kF32, op, "weights");
 

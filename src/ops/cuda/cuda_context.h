@@ -76,6 +76,9 @@ void prepare_output(CudaContext& ctx, Tensor& out, const Shape& shape, DType dty
 // Rows of a tensor over its last dimension (numel / last dim; 0 for an empty tensor).
 inline int64_t leading_rows(const Tensor& t) { return t.dim(-1) == 0 ? 0 : t.numel() / t.dim(-1); }
 
+// Whether a device pointer allows 16-byte vector loads.
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
 // Grid size for `n` items at `per_block` items per block.
 inline unsigned blocks_for(int64_t n, int64_t per_block) {
   return static_cast<unsigned>((n + per_block - 1) / per_block);

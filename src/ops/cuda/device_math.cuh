@@ -53,5 +53,11 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 
 __device__ __forceinline__ float logistic(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+// act(gate) · up: silu, or SiTU = [β·tanh(g/β)·sigmoid(g)] · [β_l·tanh(u/β_l)] (cpu_kernels.h glu_value).
+__device__ __forceinline__ float glu_value(float g, float u, bool situ, float beta, float linear_beta) {
+  if (!situ) return silu(g) * u;
+  const float gate = beta * tanhf(g / beta) * logistic(g);
+  return gate * (linear_beta * tanhf(u / linear_beta));
+}
 
 }  // namespace hlm::cuda

@@ -1,10 +1,606 @@
-// PLACEHOLDER while the kernels are written on their own branch; replaced before landing.
+// Routed experts on the GPU (docs/MODEL.md §7.2, §7.5): Σ_k w · down_e(act(gate_e x) ⊙ up_e x) over the
+// experts this rank holds, in four launches that never need the per-expert counts on the host (so a
+// decode step can be captured as a CUDA graph):
+//  1. build_work_list_kernel: the expert-major work list in fixed worst-case buffers: the active local
+//     experts in ascending order, each with its segment of (token, slot) pairs t·k + j.
+//  2. expert_gemm_kernel<gate, up>: per active expert and 16-row tile of the intermediate, the gate and up
+//     rows times the expert's tokens, then act(gate)·up rounded to bf16 into h [T·k, I] (row t·k + j).
+//  3. expert_gemm_kernel<down>: per active expert and 16-row tile of the hidden size, down rows times the
+//     h rows of the expert's pairs, in fp32 into y [T·k, D].
+//  4. combine_kernel: out[t] = Σ_j w[t, j] · y[t·k + j] over the slots with a local expert, in slot
+//     order: a fixed order, no atomics, so the result is the same every run.
+// The GEMMs are weight-streaming tensor-core kernels (mma.sync m16n8k16, bf16 in, fp32 accumulate) with the
+// weights as the 16-row A side and the expert's tokens as the 8-column B side: each touched expert's
+// weights are read once per step whatever the number of tokens routed to it (up to 32 tokens; beyond
+// that the token chunks re-read the rows, from L2 when they fit). Dense BF16 or F32 weights (F32 rounded
+// to bf16 as it is loaded) and MXFP4 codes (dequantized in registers) share the kernel.
+#include <algorithm>
+
 #include "ops/cuda/cuda_kernels.h"
+#include "ops/cuda/device_math.cuh"
 
 namespace hlm::cuda {
 
-Tensor moe_experts(CudaContext& ctx, const Tensor& x, const Tensor& idx, const Tensor& weights, const ExpertWeights& experts, int64_t expert_begin, const ActivationParams& act) {
-  HLM_FAIL("CUDA moe_experts: not built yet");
+namespace {
+
+constexpr int kSplitK = 4;            // warps per GEMM CTA, each taking every 4th K chunk of the tile
+constexpr int kListThreads = 1024;    // the work-list kernel is one CTA
+constexpr int kExpertsPerThread = 4;  // local experts each work-list thread scans
+constexpr int kMaxLocalExperts = kListThreads * kExpertsPerThread;
+constexpr int kCombineThreads = 256;
+
+enum class WFormat { kBf16, kF32, kMxfp4 };
+
+// --- work list -------------------------------------------------------------------------------------------
+// Fixed-capacity device buffers: max_active = min(E_l, T·k) slots, T·k entries.
+struct WorkList {
+  int32_t* num_active;     // [1]
+  int32_t* active_expert;  // [max_active] local expert of each active slot, ascending
+  int32_t* active_begin;   // [max_active] first entry of its segment
+  int32_t* active_count;   // [max_active] entries in its segment (>= 1)
+  int32_t* entries;        // [T·k] pairs t·k + j, grouped by local expert
+};
+
+struct WorkListParams {
+  const int32_t* idx;  // [T·k] global expert ids
+  int64_t pairs;       // T·k
+  int64_t expert_begin;
+  int local;  // E_l
+  WorkList list;
+};
+
+// Inclusive prefix sums over the CTA of two counters at once (entries, active experts). `warp_sums`
+// holds [2][32] ints.
+__device__ __forceinline__ void block_inclusive_scan2(int& a, int& b, int* warp_sums) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int va = __shfl_up_sync(0xffffffffu, a, o), vb = __shfl_up_sync(0xffffffffu, b, o);
+    if (lane >= o) a += va, b += vb;
+  }
+  if (lane == 31) warp_sums[warp] = a, warp_sums[32 + warp] = b;
+  __syncthreads();
+  if (warp == 0) {
+    int sa = lane < (blockDim.x >> 5) ? warp_sums[lane] : 0,
+        sb = lane < (blockDim.x >> 5) ? warp_sums[32 + lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int va = __shfl_up_sync(0xffffffffu, sa, o), vb = __shfl_up_sync(0xffffffffu, sb, o);
+      if (lane >= o) sa += va, sb += vb;
+    }
+    warp_sums[lane] = sa, warp_sums[32 + lane] = sb;
+  }
+  __syncthreads();
+  if (warp > 0) a += warp_sums[warp - 1], b += warp_sums[32 + warp - 1];
+}
+
+// One CTA of 1024 threads: per-expert counts in shared memory (atomics), one scan of the counts and of
+// the active flags (each thread owns 4 consecutive experts), the active-slot arrays, then every pair goes
+// to its expert's segment through a shared cursor. Pairs whose id is outside [expert_begin, + E_l) are
+// left out. The order inside a segment follows the atomics and can change between runs; each pair's
+// result is computed on its own, so the outputs do not depend on it.
+__global__ void __launch_bounds__(kListThreads) build_work_list_kernel(WorkListParams p) {
+  __shared__ int cursor[kMaxLocalExperts];  // counts, then each segment's next free entry
+  __shared__ int warp_sums[64];
+  const int tid = threadIdx.x;
+  for (int e = tid; e < p.local; e += kListThreads) cursor[e] = 0;
+  __syncthreads();
+  for (int64_t i = tid; i < p.pairs; i += kListThreads) {
+    const int64_t e = static_cast<int64_t>(p.idx[i]) - p.expert_begin;
+    if (e >= 0 && e < p.local) atomicAdd(&cursor[e], 1);
+  }
+  __syncthreads();
+  int count[kExpertsPerThread], entries = 0, active = 0;
+#pragma unroll
+  for (int q = 0; q < kExpertsPerThread; ++q) {
+    const int e = tid * kExpertsPerThread + q;
+    count[q] = e < p.local ? cursor[e] : 0;
+    entries += count[q];
+    active += count[q] > 0;
+  }
+  int entry_end = entries, active_end = active;
+  block_inclusive_scan2(entry_end, active_end, warp_sums);
+  int next_entry = entry_end - entries, next_slot = active_end - active;
+#pragma unroll
+  for (int q = 0; q < kExpertsPerThread; ++q) {
+    const int e = tid * kExpertsPerThread + q;
+    if (e >= p.local) break;
+    if (count[q] > 0) {
+      p.list.active_expert[next_slot] = e;
+      p.list.active_begin[next_slot] = next_entry;
+      p.list.active_count[next_slot] = count[q];
+      ++next_slot;
+    }
+    cursor[e] = next_entry;  // only this thread reads or writes its experts' counters here
+    next_entry += count[q];
+  }
+  if (tid == kListThreads - 1) *p.list.num_active = active_end;
+  __syncthreads();
+  for (int64_t i = tid; i < p.pairs; i += kListThreads) {
+    const int64_t e = static_cast<int64_t>(p.idx[i]) - p.expert_begin;
+    if (e >= 0 && e < p.local) p.list.entries[atomicAdd(&cursor[e], 1)] = static_cast<int32_t>(i);
+  }
+}
+
+// --- fragments -------------------------------------------------------------------------------------------
+// mma.sync m16n8k16 (bf16 in, fp32 accumulate). Lane l = 4g + t holds A rows g and g + 8 at k = 2t, 2t+1
+// (registers a0: row g, a1: row g + 8) and k = 2t + 8, 2t + 9 (a2: row g, a3: row g + 8), B column g at
+// the same k (b0, b1), and C rows g, g + 8 at columns 2t, 2t + 1 (c0 c1: row g, c2 c3: row g + 8).
+// Any permutation of k applied to A and B alike leaves the product unchanged, and the k a lane holds
+// depend only on t; so each lane feeds the mma from columns of its own choosing, the same for A (weight
+// rows) and B (token rows): contiguous runs of 8 columns that come in as one 16-byte load.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Weights are read once: through L2 without allocating in L1, which keeps the token rows there.
+__device__ __forceinline__ uint4 load_streaming(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  uint32_t d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));  // the first source goes high
+  return d;
+}
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ uint32_t component(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+__device__ __forceinline__ uint4 f32x8_to_bf16(const uint4& a, const uint4& b) {
+  return make_uint4(pack_bf16x2(__uint_as_float(a.x), __uint_as_float(a.y)),
+                    pack_bf16x2(__uint_as_float(a.z), __uint_as_float(a.w)),
+                    pack_bf16x2(__uint_as_float(b.x), __uint_as_float(b.y)),
+                    pack_bf16x2(__uint_as_float(b.z), __uint_as_float(b.w)));
+}
+
+// How a K chunk is split among the lanes. Dense: 64 columns, lane group t takes the 8-column runs at
+// 8t and 32 + 8t (the 4 lanes of a row read 64 contiguous bytes per load). MXFP4: 128 columns, group t
+// takes the 32 columns at 32t, exactly one scale group, as one 16-byte load of codes, in 4 runs of 8.
+// Every run covers two k-steps (4 bf16x2 words). K % 32 == 0, so a run lies wholly inside or outside K.
+template <WFormat F>
+struct Chunk {
+  static constexpr int kCols = F == WFormat::kMxfp4 ? 128 : 64;
+  static constexpr int kRuns = F == WFormat::kMxfp4 ? 4 : 2;
+  __device__ static int64_t run_col(int64_t chunk, int run, int t) {
+    return F == WFormat::kMxfp4 ? chunk * 128 + t * 32 + run * 8 : chunk * 64 + run * 32 + t * 8;
+  }
+};
+
+// One weight row's share of a chunk for this lane, as loaded (the conversion to bf16 words waits until
+// the mma needs them, so all loads of a chunk are in flight together).
+template <WFormat F>
+struct RowChunk;
+template <>
+struct RowChunk<WFormat::kBf16> {
+  uint4 run[2];
+};
+template <>
+struct RowChunk<WFormat::kF32> {
+  uint4 run[2][2];
+};
+template <>
+struct RowChunk<WFormat::kMxfp4> {
+  uint4 codes;  // 32 e2m1 codes, column 2i in the low nibble of byte i
+  uint32_t scale;
+};
+
+// Row `row` of one expert's matrix: dense [M, K] elements, or MXFP4 codes [M, K/2] and scales [M, K/32].
+template <WFormat F>
+__device__ __forceinline__ void load_row(const void* w, const uint8_t* scale, int64_t row, int64_t cols,
+                                         int64_t chunk, int t, RowChunk<F>& out) {
+  if constexpr (F == WFormat::kMxfp4) {
+    const int64_t col = Chunk<F>::run_col(chunk, 0, t);
+    out.codes = make_uint4(0, 0, 0, 0);
+    out.scale = 127;
+    if (col < cols) {
+      out.codes = load_streaming(static_cast<const uint8_t*>(w) + row * (cols / 2) + col / 2);
+      out.scale = scale[row * (cols / 32) + col / 32];
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t col = Chunk<F>::run_col(chunk, r, t);
+      if constexpr (F == WFormat::kBf16) {
+        out.run[r] = col < cols ? load_streaming(static_cast<const bf16*>(w) + row * cols + col)
+                                : make_uint4(0, 0, 0, 0);
+      } else {
+        const float* p = static_cast<const float*>(w) + row * cols + col;
+        out.run[r][0] = col < cols ? load_streaming(p) : make_uint4(0, 0, 0, 0);
+        out.run[r][1] = col < cols ? load_streaming(p + 4) : make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
+}
+
+// Eight e2m1 codes (nibble i = column i of a run) -> four bf16x2 words holding the columns (j, j + 4),
+// each times 2^(s - 127). Moving the sign to bit 15 and the 3 magnitude bits to bits 8..6 of a half makes
+// a bf16 worth the e2m1 value · 2^-126 (code 1, 0.5, becomes the subnormal 2^-127, which bf16 arithmetic
+// keeps); one multiply by 2^(s - 1) then gives value · 2^(s - 127), exactly. 2^(s - 1) is a normal bf16
+// for s <= 128 (scales up to 2); larger scales take a second factor.
+__device__ __forceinline__ void e2m1x8_to_bf16(uint32_t q, uint32_t s, uint32_t (&w)[4]) {
+  const uint32_t f1 = s <= 128 ? (s + 126) << 7 : 254u << 7;
+  const uint32_t factor = f1 | (f1 << 16);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t x = q >> (4 * j);
+    w[j] = mul_bf16x2(((x & 0x00070007u) << 6) | ((x & 0x00080008u) << 12), factor);
+  }
+  if (s > 128) {
+    const uint32_t f2 = (s - 1) << 7;  // 2^(s - 128)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) w[j] = mul_bf16x2(w[j], f2 | (f2 << 16));
+  }
+}
+
+// The A words of run `run`: w[0], w[1] feed the first k-step, w[2], w[3] the second.
+template <WFormat F>
+__device__ __forceinline__ void row_words(const RowChunk<F>& rc, int run, uint32_t (&w)[4]) {
+  if constexpr (F == WFormat::kMxfp4) {
+    e2m1x8_to_bf16(component(rc.codes, run), rc.scale, w);
+  } else {
+    uint4 v;
+    if constexpr (F == WFormat::kBf16) {
+      v = rc.run[run];
+    } else {
+      v = f32x8_to_bf16(rc.run[run][0], rc.run[run][1]);
+    }
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  }
+}
+
+// The B words of one run of a token row (zero for a padding column or a run outside K), in the column
+// order of the A words: natural pairs (0,1) (2,3) (4,5) (6,7) for dense weights, (0,4) (1,5) (2,6) (3,7)
+// for MXFP4.
+template <WFormat F, class XT>
+__device__ __forceinline__ void b_words(const XT* row, int64_t col, bool inside, uint32_t (&b)[4]) {
+  uint4 v = make_uint4(0, 0, 0, 0);
+  if (row != nullptr && inside) {
+    if constexpr (sizeof(XT) == 2) {
+      v = __ldg(reinterpret_cast<const uint4*>(row + col));
+    } else {
+      v = f32x8_to_bf16(__ldg(reinterpret_cast<const uint4*>(row + col)),
+                        __ldg(reinterpret_cast<const uint4*>(row + col + 4)));
+    }
+  }
+  if constexpr (F == WFormat::kMxfp4) {
+    b[0] = __byte_perm(v.x, v.z, 0x5410);
+    b[1] = __byte_perm(v.x, v.z, 0x7632);
+    b[2] = __byte_perm(v.y, v.w, 0x5410);
+    b[3] = __byte_perm(v.y, v.w, 0x7632);
+  } else {
+    b[0] = v.x, b[1] = v.y, b[2] = v.z, b[3] = v.w;
+  }
+}
+
+// --- expert GEMMs ----------------------------------------------------------------------------------------
+struct ExpertGemmParams {
+  const void* w;           // [E_l, M, K] dense, or MXFP4 codes [E_l, M, K/2]
+  const uint8_t* w_scale;  // MXFP4 scales [E_l, M, K/32]
+  const void* w_up;        // gate/up GEMM: the up projection, laid out as w
+  const uint8_t* w_up_scale;
+  const void* in;  // gate/up: x [T, K] (row t of pair t·k + j); down: h [T·k, K] BF16
+  void* out;       // gate/up: h [T·k, M] BF16; down: y [T·k, M] F32
+  WorkList list;
+  int64_t rows;  // M
+  int64_t cols;  // K
+  int top_k;
+  bool situ;
+  float situ_beta, situ_linear_beta;
+};
+
+// Grid (M / 16, max_active), kSplitK warps. CTA (m, a) takes rows [16m, 16m + 16) of active expert a (or
+// exits when a >= num_active), and warp w the K chunks w, w + kSplitK, ... (split K, so a 16-row tile has
+// kSplitK warps of loads in flight). The expert's pairs go in chunks of kTiles·8 columns: each lane loads
+// its weight runs once per K chunk and applies them to every 8-column tile of tokens (tiles past the
+// chunk's count are skipped). The kSplitK partial accumulators meet in shared memory and are summed in
+// warp order; the epilogue writes act(gate)·up as bf16 (kGateUp) or the fp32 down projection, one value
+// per (pair, row). Shared memory: the partials, kMats·kSplitK·kTiles·4·32 floats (16 KB at most).
+template <WFormat F, class XT, int kTiles, bool kGateUp>
+__global__ void __launch_bounds__(kSplitK * 32) expert_gemm_kernel(ExpertGemmParams p) {
+  constexpr int kMats = kGateUp ? 2 : 1;
+  constexpr int kCols = kTiles * 8;
+  // MXFP4 rows bring 16 bytes per lane and chunk, dense rows 32 or 64: two MXFP4 chunks go in flight at once.
+  constexpr int kDepth = F == WFormat::kMxfp4 ? 2 : 1;
+  __shared__ float partial[kMats][kSplitK][kTiles * 4][32];
+  const int slot = blockIdx.y;
+  if (slot >= *p.list.num_active) return;
+  const int64_t expert = p.list.active_expert[slot];
+  const int begin = p.list.active_begin[slot], count = p.list.active_count[slot];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * 16 + g, row1 = row0 + 8;
+  const int64_t chunks = (p.cols + Chunk<F>::kCols - 1) / Chunk<F>::kCols;
+
+  // This expert's matrices (gate, up or down).
+  const int64_t codes_per_row = F == WFormat::kMxfp4 ? p.cols / 2 : p.cols;
+  const int64_t expert_elems = p.rows * codes_per_row;
+  const size_t elem_bytes = F == WFormat::kBf16 ? 2 : F == WFormat::kF32 ? 4 : 1;
+  const void* mats[kMats];
+  const uint8_t* scales[kMats];
+  mats[0] = static_cast<const char*>(p.w) + expert * expert_elems * elem_bytes;
+  scales[0] = F == WFormat::kMxfp4 ? p.w_scale + expert * p.rows * (p.cols / 32) : nullptr;
+  if constexpr (kGateUp) {
+    mats[1] = static_cast<const char*>(p.w_up) + expert * expert_elems * elem_bytes;
+    scales[1] = F == WFormat::kMxfp4 ? p.w_up_scale + expert * p.rows * (p.cols / 32) : nullptr;
+  }
+
+  for (int base = 0; base < count; base += kCols) {
+    const int n = min(count - base, kCols);
+    // The B row this lane feeds for column g of each tile: x of the pair's token, or h of the pair.
+    const XT* brow[kTiles];
+#pragma unroll
+    for (int nt = 0; nt < kTiles; ++nt) {
+      const int col = nt * 8 + g;
+      brow[nt] = nullptr;
+      if (col < n) {
+        const int64_t pair = p.list.entries[begin + base + col];
+        const int64_t in_row = kGateUp ? pair / p.top_k : pair;
+        brow[nt] = static_cast<const XT*>(p.in) + in_row * p.cols;
+      }
+    }
+    float acc[kMats][kTiles][4];
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) {
+#pragma unroll
+      for (int nt = 0; nt < kTiles; ++nt)
+        acc[m][nt][0] = acc[m][nt][1] = acc[m][nt][2] = acc[m][nt][3] = 0.0f;
+    }
+
+    // kDepth chunks of this warp are loaded before any is used (a chunk past the end loads nothing).
+    for (int64_t c0 = warp; c0 < chunks; c0 += kSplitK * kDepth) {
+      RowChunk<F> a[kDepth][kMats][2];
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) {
+#pragma unroll
+        for (int m = 0; m < kMats; ++m) {
+          load_row<F>(mats[m], scales[m], row0, p.cols, c0 + d * kSplitK, t, a[d][m][0]);
+          load_row<F>(mats[m], scales[m], row1, p.cols, c0 + d * kSplitK, t, a[d][m][1]);
+        }
+      }
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) {
+        const int64_t c = c0 + d * kSplitK;
+        if (c >= chunks) break;  // uniform across the warp
+#pragma unroll
+        for (int r = 0; r < Chunk<F>::kRuns; ++r) {
+          const int64_t col = Chunk<F>::run_col(c, r, t);
+          uint32_t aw[kMats][2][4];
+#pragma unroll
+          for (int m = 0; m < kMats; ++m) {
+            row_words<F>(a[d][m][0], r, aw[m][0]);
+            row_words<F>(a[d][m][1], r, aw[m][1]);
+          }
+#pragma unroll
+          for (int nt = 0; nt < kTiles; ++nt) {
+            if (nt * 8 >= n) continue;  // uniform: the chunk's count is the same for the whole warp
+            uint32_t bw[4];
+            b_words<F, XT>(brow[nt], col, col < p.cols, bw);
+#pragma unroll
+            for (int m = 0; m < kMats; ++m) {
+              mma_bf16(acc[m][nt], aw[m][0][0], aw[m][1][0], aw[m][0][1], aw[m][1][1], bw[0], bw[1]);
+              mma_bf16(acc[m][nt], aw[m][0][2], aw[m][1][2], aw[m][0][3], aw[m][1][3], bw[2], bw[3]);
+            }
+          }
+        }
+      }
+    }
+
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) {
+#pragma unroll
+      for (int nt = 0; nt < kTiles; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) partial[m][warp][nt * 4 + i][lane] = acc[m][nt][i];
+      }
+    }
+    __syncthreads();
+    for (int item = warp; item < kTiles * 4; item += kSplitK) {
+      const int col = (item >> 2) * 8 + 2 * t + (item & 1);  // C element i = item & 3 of tile item >> 2
+      if (col >= n) continue;
+      const int64_t row = static_cast<int64_t>(blockIdx.x) * 16 + g + ((item & 2) ? 8 : 0);
+      float v[kMats];
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) {
+        v[m] = partial[m][0][item][lane];
+#pragma unroll
+        for (int w = 1; w < kSplitK; ++w) v[m] += partial[m][w][item][lane];
+      }
+      const int64_t pair = p.list.entries[begin + base + col];
+      if constexpr (kGateUp) {
+        static_cast<bf16*>(p.out)[pair * p.rows + row] =
+            __float2bfloat16_rn(glu_value(v[0], v[kMats - 1], p.situ, p.situ_beta, p.situ_linear_beta));
+      } else {
+        static_cast<float*>(p.out)[pair * p.rows + row] = v[0];
+      }
+    }
+    __syncthreads();  // the partials are rewritten by the next token chunk
+  }
+}
+
+// Token tiles per CTA pass: the largest a batch of T tokens can need per expert (T pairs, unless a token
+// lists an expert twice), at most 4 (32 tokens).
+template <WFormat F, class XT, bool kGateUp>
+void launch_expert_gemm(const ExpertGemmParams& p, int64_t tokens, int64_t max_active, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(p.rows / 16), static_cast<unsigned>(max_active));
+  if (tokens <= 8) {
+    expert_gemm_kernel<F, XT, 1, kGateUp><<<grid, kSplitK * 32, 0, stream>>>(p);
+  } else if (tokens <= 16) {
+    expert_gemm_kernel<F, XT, 2, kGateUp><<<grid, kSplitK * 32, 0, stream>>>(p);
+  } else {
+    expert_gemm_kernel<F, XT, 4, kGateUp><<<grid, kSplitK * 32, 0, stream>>>(p);
+  }
+  HLM_CHECK_LAUNCH(kGateUp ? "expert_gemm_kernel (gate, up)" : "expert_gemm_kernel (down)");
+}
+
+// --- combine ---------------------------------------------------------------------------------------------
+struct CombineParams {
+  const float* y;        // [T·k, D]
+  const int32_t* idx;    // [T, k]
+  const float* weights;  // [T, k]
+  float* out;            // [T, D]
+  int64_t hidden;
+  int64_t expert_begin;
+  int top_k;
+  int local;
+};
+
+// Grid (T, ceil(D / 4 / 256)): one float4 of one token per thread, summing the token's local slots in
+// slot order. A token with no local expert gets zeros.
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams p) {
+  const int64_t t = blockIdx.x;
+  const int64_t d4 = static_cast<int64_t>(blockIdx.y) * kCombineThreads + threadIdx.x;
+  if (d4 * 4 >= p.hidden) return;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int j = 0; j < p.top_k; ++j) {
+    const int64_t pair = t * p.top_k + j;
+    const int64_t e = static_cast<int64_t>(p.idx[pair]) - p.expert_begin;
+    if (e < 0 || e >= p.local) continue;
+    const float w = p.weights[pair];
+    const float4 v = reinterpret_cast<const float4*>(p.y + pair * p.hidden)[d4];
+    acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+  }
+  reinterpret_cast<float4*>(p.out + t * p.hidden)[d4] = acc;
+}
+
+// MXFP4 codes [E_l, rows, cols/2] and scales [E_l, rows, cols/32] of one matrix.
+void check_mxfp4(const Tensor& codes, const Tensor& scale, int64_t local, int64_t rows, int64_t cols,
+                 const char* name) {
+  const char* op = "moe_experts";
+  expect_cuda(codes, op, name, {DType::kU8}, 3, "[E_l, rows, cols/2] (MXFP4 codes)");
+  expect_cuda(scale, op, name, {DType::kU8}, 3, "[E_l, rows, cols/32] (MXFP4 scales)");
+  HLM_CHECK(codes.dim(0) == local && scale.dim(0) == local && codes.dim(1) == rows && scale.dim(1) == rows &&
+                codes.dim(2) * 2 == cols && scale.dim(2) * 32 == cols,
+            "moe_experts: MXFP4 {} codes {} and scales {} do not hold {} experts of [{}, {}]", name,
+            codes.describe(), scale.describe(), local, rows, cols);
+}
+
+}  // namespace
+
+Tensor moe_experts(CudaContext& ctx, const Tensor& x, const Tensor& idx, const Tensor& weights,
+                   const ExpertWeights& ew, int64_t expert_begin, const ActivationParams& act) {
+  const char* op = "moe_experts";
+  expect_cuda(x, op, "x", {DType::kBF16, DType::kF32}, 2, "[T, D]");
+  expect_cuda(idx, op, "idx", {DType::kI32}, 2, "[T, k]");
+  expect_cuda(weights, op, "weights", {DType::kF32}, 2, "[T, k]");
+  expect_dim(idx, 0, x.dim(0), op, "idx [T, k]", "the token count of x [T, D]");
+  expect_same_shape(idx, weights, op, "idx", "weights");
+  const int64_t rows = x.dim(0), hidden = x.dim(1), top_k = idx.dim(1);
+  const bool mxfp4 = ew.mxfp4();
+  HLM_CHECK(ew.gate.defined() && ew.up.defined() && ew.down.defined() && ew.gate.rank() == 3,
+            "moe_experts: the experts need gate, up and down weights [E_l, rows, cols]");
+  const int64_t local = ew.gate.dim(0), inter = ew.gate.dim(1);
+  WFormat format = WFormat::kMxfp4;
+  if (mxfp4) {
+    HLM_CHECK(ew.up_scale.defined() && ew.down_scale.defined(),
+              "moe_experts: MXFP4 experts need scales for gate, up and down");
+    check_mxfp4(ew.gate, ew.gate_scale, local, inter, hidden, "gate");
+    check_mxfp4(ew.up, ew.up_scale, local, inter, hidden, "up");
+    check_mxfp4(ew.down, ew.down_scale, local, hidden, inter, "down");
+  } else {
+    expect_cuda(ew.gate, op, "gate", {DType::kBF16, DType::kF32}, 3, "[E_l, I, D]");
+    expect_cuda(ew.up, op, "up", {ew.gate.dtype()}, 3, "[E_l, I, D] of gate's dtype");
+    expect_cuda(ew.down, op, "down", {ew.gate.dtype()}, 3, "[E_l, D, I] of gate's dtype");
+    expect_same_shape(ew.gate, ew.up, op, "gate", "up");
+    expect_dim(ew.gate, 2, hidden, op, "gate [E_l, I, D]", "the hidden size of x [T, D]");
+    expect_dim(ew.down, 0, local, op, "down [E_l, D, I]", "the local expert count of gate [E_l, I, D]");
+    expect_dim(ew.down, 1, hidden, op, "down [E_l, D, I]", "the hidden size of x [T, D]");
+    expect_dim(ew.down, 2, inter, op, "down [E_l, D, I]", "the intermediate size of gate [E_l, I, D]");
+    format = ew.gate.dtype() == DType::kBF16 ? WFormat::kBf16 : WFormat::kF32;
+  }
+  HLM_CHECK(expert_begin >= 0, "moe_experts: expert_begin must be >= 0, got {}", expert_begin);
+  // 16-row tiles, K runs of 8 to 32 columns (an MXFP4 scale group), 16-byte loads.
+  HLM_CHECK(hidden % 32 == 0 && inter % 32 == 0,
+            "moe_experts: the CUDA experts need hidden ({}) and intermediate ({}) sizes divisible by 32",
+            hidden, inter);
+  HLM_CHECK(
+      aligned16(x.raw()) && aligned16(ew.gate.raw()) && aligned16(ew.up.raw()) && aligned16(ew.down.raw()),
+      "moe_experts: x and the expert weights must be 16-byte aligned");
+  HLM_CHECK(local <= kMaxLocalExperts,
+            "moe_experts: the CUDA work list takes at most {} local experts, got {}", kMaxLocalExperts,
+            local);
+  HLM_CHECK(rows * top_k <= INT32_MAX, "moe_experts: {} tokens x {} experts overflow the 32-bit work list",
+            rows, top_k);
+
+  Tensor out = ctx.empty({rows, hidden}, DType::kF32);  // [T, D]
+  if (rows == 0) return out;
+  if (local == 0 || top_k == 0) {
+    HLM_CUDA_CHECK(cudaMemsetAsync(out.raw(), 0, out.nbytes(), ctx.stream()));
+    return out;
+  }
+  const int64_t pairs = rows * top_k;
+  const int64_t max_active = std::min(local, pairs);
+  Tensor meta = ctx.empty({1 + 3 * max_active + pairs}, DType::kI32);
+  int32_t* m = meta.data<int32_t>();
+  const WorkList list{m, m + 1, m + 1 + max_active, m + 1 + 2 * max_active, m + 1 + 3 * max_active};
+  build_work_list_kernel<<<1, kListThreads, 0, ctx.stream()>>>(
+      WorkListParams{idx.data<int32_t>(), pairs, expert_begin, static_cast<int>(local), list});
+  HLM_CHECK_LAUNCH("build_work_list_kernel");
+
+  Tensor h = ctx.empty({pairs, inter}, DType::kBF16);  // [T·k, I] act(gate)·up per pair
+  Tensor y = ctx.empty({pairs, hidden}, DType::kF32);  // [T·k, D] expert output per pair
+  ExpertGemmParams gate_up{};
+  gate_up.w = ew.gate.raw();
+  gate_up.w_up = ew.up.raw();
+  gate_up.w_scale = mxfp4 ? ew.gate_scale.data<uint8_t>() : nullptr;
+  gate_up.w_up_scale = mxfp4 ? ew.up_scale.data<uint8_t>() : nullptr;
+  gate_up.in = x.raw();
+  gate_up.out = h.raw();
+  gate_up.list = list;
+  gate_up.rows = inter;
+  gate_up.cols = hidden;
+  gate_up.top_k = static_cast<int>(top_k);
+  gate_up.situ = act.kind == Activation::kSitu;
+  gate_up.situ_beta = act.situ_beta;
+  gate_up.situ_linear_beta = act.situ_linear_beta;
+  ExpertGemmParams down = gate_up;
+  down.w = ew.down.raw();
+  down.w_up = nullptr;
+  down.w_scale = mxfp4 ? ew.down_scale.data<uint8_t>() : nullptr;
+  down.w_up_scale = nullptr;
+  down.in = h.raw();
+  down.out = y.raw();
+  down.rows = hidden;
+  down.cols = inter;
+
+  const bool x_bf16 = x.dtype() == DType::kBF16;
+  cudaStream_t stream = ctx.stream();
+  switch (format) {
+    case WFormat::kBf16:
+      x_bf16 ? launch_expert_gemm<WFormat::kBf16, bf16, true>(gate_up, rows, max_active, stream)
+             : launch_expert_gemm<WFormat::kBf16, float, true>(gate_up, rows, max_active, stream);
+      launch_expert_gemm<WFormat::kBf16, bf16, false>(down, rows, max_active, stream);
+      break;
+    case WFormat::kF32:
+      x_bf16 ? launch_expert_gemm<WFormat::kF32, bf16, true>(gate_up, rows, max_active, stream)
+             : launch_expert_gemm<WFormat::kF32, float, true>(gate_up, rows, max_active, stream);
+      launch_expert_gemm<WFormat::kF32, bf16, false>(down, rows, max_active, stream);
+      break;
+    case WFormat::kMxfp4:
+      x_bf16 ? launch_expert_gemm<WFormat::kMxfp4, bf16, true>(gate_up, rows, max_active, stream)
+             : launch_expert_gemm<WFormat::kMxfp4, float, true>(gate_up, rows, max_active, stream);
+      launch_expert_gemm<WFormat::kMxfp4, bf16, false>(down, rows, max_active, stream);
+      break;
+  }
+
+  const CombineParams cp{
+      y.data<float>(), idx.data<int32_t>(), weights.data<float>(),   out.data<float>(),
+      hidden,          expert_begin,        static_cast<int>(top_k), static_cast<int>(local)};
+  combine_kernel<<<dim3(static_cast<unsigned>(rows), blocks_for(hidden / 4, kCombineThreads)),
+                   kCombineThreads, 0, stream>>>(cp);
+  HLM_CHECK_LAUNCH("combine_kernel");
+  return out;
 }
 
 }  // namespace hlm::cuda

@@ -1,10 +1,344 @@
-// PLACEHOLDER while the kernels are written on their own branch; replaced before landing.
+// MoE router (docs/MODEL.md §7.1) on the GPU, in two kernels: fp32 logits x·wᵀ, then per token the
+// sigmoid, the biased selection with grouped top-k and the renormalized raw weights, with the CPU op's
+// rules (ops/cpu/moe.cc): ties go to the lower index, idx lists experts by descending biased score, and
+// the weights are score / (Σ score + 1e-20) · scaling with the sum taken in selection order.
+#include <climits>
+
 #include "ops/cuda/cuda_kernels.h"
+#include "ops/cuda/device_math.cuh"
 
 namespace hlm::cuda {
 
-void moe_route(CudaContext& ctx, const Tensor& x, const Tensor& w, const Tensor& bias, const RouterParams& p, Tensor& idx, Tensor& weights) {
-  HLM_FAIL("CUDA moe_route: not built yet");
+namespace {
+
+constexpr int kLogitWarps = 8;  // per logits CTA: kLogitExperts experts, kLogitSplit warps each
+constexpr int kLogitSplit = 4;
+constexpr int kLogitExperts = kLogitWarps / kLogitSplit;
+constexpr int kSelectWarps = 2;  // tokens per selection CTA, one warp each
+constexpr int kMaxExperts = 1024;
+
+// Eight consecutive elements (16-byte aligned) as floats.
+__device__ __forceinline__ void load8(const bf16* p, float (&v)[8]) {
+  const uint4 q = __ldg(reinterpret_cast<const uint4*>(p));
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = __uint_as_float(w[i] << 16);
+    v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(p));
+  const float4 b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+struct RouterLogitsParams {
+  const void* x;  // [T, D]
+  const void* w;  // [E, D]
+  float* logits;  // [T, E]
+  int64_t tokens;
+  int64_t hidden;
+  int64_t experts;
+};
+
+// logits[t, e] = Σ_d x[t, d]·w[e, d] in fp32. Grid (ceil(E / 2), ceil(T / kTok)), 8 warps: warps
+// 4i .. 4i + 3 take expert blockIdx.x·2 + i for the kTok tokens of blockIdx.y, warp 4i + s the 256-column
+// steps s, s + 4, ... of the hidden dimension (lane l: 8 columns at 8l of each step, one 16-byte load), so
+// even one token keeps enough expert rows streaming. Each lane keeps a partial sum per token; the warp
+// adds its lanes, and the four slices meet in shared memory, added in slice order. The token rows are
+// shared by the CTA's warps through L1.
+template <class XT, class WT, int kTok>
+__global__ void __launch_bounds__(kLogitWarps * 32) router_logits_kernel(RouterLogitsParams p) {
+  __shared__ float partial[kLogitWarps][kTok];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slice = warp % kLogitSplit;
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * kLogitExperts + warp / kLogitSplit;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTok;
+  const int64_t left = p.tokens - t0;
+  const int count = left < kTok ? static_cast<int>(left) : kTok;
+  float acc[kTok];
+#pragma unroll
+  for (int i = 0; i < kTok; ++i) acc[i] = 0.0f;
+  if (e < p.experts) {
+    const XT* x = static_cast<const XT*>(p.x) + t0 * p.hidden;  // [count, D]
+    const WT* w = static_cast<const WT*>(p.w) + e * p.hidden;   // [D]
+    for (int64_t c = (slice * 32 + lane) * 8; c < p.hidden; c += kLogitSplit * 256) {
+      float wv[8];
+      load8(w + c, wv);
+#pragma unroll
+      for (int i = 0; i < kTok; ++i) {
+        if (i < count) {
+          float xv[8];
+          load8(x + i * p.hidden + c, xv);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[i] = fmaf(xv[j], wv[j], acc[i]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kTok; ++i) {
+    if (i < count) {
+      const float v = warp_sum(acc[i]);
+      if (lane == 0) partial[warp][i] = v;
+    }
+  }
+  __syncthreads();
+  if (e < p.experts && slice == 0 && lane < count) {
+    float v = partial[warp][lane];
+#pragma unroll
+    for (int s = 1; s < kLogitSplit; ++s) v += partial[warp + s][lane];
+    p.logits[(t0 + lane) * p.experts + e] = v;
+  }
+}
+
+template <class XT, class WT>
+void launch_router_logits(const RouterLogitsParams& p, cudaStream_t stream) {
+  const unsigned expert_blocks = blocks_for(p.experts, kLogitExperts);
+  // Decode batches take one token tile; prefill shares each expert row among 32 tokens.
+  if (p.tokens <= 8) {
+    router_logits_kernel<XT, WT, 8>
+        <<<dim3(expert_blocks, blocks_for(p.tokens, 8)), kLogitWarps * 32, 0, stream>>>(p);
+  } else {
+    router_logits_kernel<XT, WT, 32>
+        <<<dim3(expert_blocks, blocks_for(p.tokens, 32)), kLogitWarps * 32, 0, stream>>>(p);
+  }
+  HLM_CHECK_LAUNCH("router_logits_kernel");
+}
+
+struct RouterSelectParams {
+  const float* logits;  // [T, E]
+  const void* bias;     // [E] F32 or BF16
+  bool bias_bf16;
+  int32_t* idx;    // [T, k]
+  float* weights;  // [T, k]
+  int64_t tokens;
+  int experts;
+  int groups;     // num_expert_group
+  int per_group;  // E / groups
+  int topk_group;
+  int top_k;
+  bool renormalize;
+  float scaling;
+};
+
+// Shared floats per warp of the selection kernel: score [E], choice [E], group score [G], kept [G],
+// chosen [k].
+__host__ __device__ int select_smem_floats(const RouterSelectParams& p) {
+  return 2 * p.experts + 2 * p.groups + p.top_k;
+}
+
+// (v, i) beats (w, j): larger value, ties to the lower index. An empty candidate is (-inf, INT_MAX).
+__device__ __forceinline__ bool beats(float v, int i, float w, int j) { return v > w || (v == w && i < j); }
+
+__device__ __forceinline__ void warp_argmax(float& v, int& i) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (beats(ov, oi, v, i)) v = ov, i = oi;
+  }
+}
+
+// NaN never wins a comparison, so it is ranked as -inf; every round then has a real winner.
+__device__ __forceinline__ float ranked(float v) { return isnan(v) ? -INFINITY : v; }
+
+// One warp per token (kSelectWarps tokens per CTA, no CTA-wide sync). Lane l owns experts j·32 + l for
+// j < kVpl and keeps their biased scores (`choice`) in registers, with a bit mask of the ones still
+// selectable. Steps:
+//  1. score = sigmoid(logit) and choice = score + bias, also written to the warp's shared arrays.
+//  2. Groups (G > 1): the warp takes the groups one after another, each lane keeping the top two of its
+//     strided members, merged across lanes; then topk_group rounds of warp argmax keep the best groups
+//     and the experts of the other groups leave the mask.
+//  3. top_k rounds of warp argmax over the lanes' best remaining experts; the winner's owner clears it.
+//  4. The raw scores of the chosen experts, summed in selection order, give the weights.
+template <int kVpl>
+__global__ void __launch_bounds__(kSelectWarps * 32) router_select_kernel(RouterSelectParams p) {
+  extern __shared__ float smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kSelectWarps + warp;
+  if (t >= p.tokens) return;
+  float* score = smem + warp * select_smem_floats(p);          // [E]
+  float* choice = score + p.experts;                           // [E]
+  float* group_score = choice + p.experts;                     // [G]
+  int* kept = reinterpret_cast<int*>(group_score + p.groups);  // [G]
+  int* chosen = kept + p.groups;                               // [k]
+  const float* logits = p.logits + t * p.experts;
+
+  float c[kVpl];
+  uint32_t selectable = 0;
+#pragma unroll
+  for (int j = 0; j < kVpl; ++j) {
+    const int e = j * 32 + lane;
+    c[j] = -INFINITY;
+    if (e < p.experts) {
+      const float s = logistic(logits[e]);
+      const float b = p.bias_bf16 ? __bfloat162float(static_cast<const bf16*>(p.bias)[e])
+                                  : static_cast<const float*>(p.bias)[e];
+      c[j] = ranked(s + b);
+      score[e] = s;
+      choice[e] = c[j];
+      selectable |= 1u << j;
+    }
+  }
+  __syncwarp();
+
+  if (p.groups > 1) {
+    for (int g = 0; g < p.groups; ++g) {
+      // The top two of the lane's members (a multiset: equal values count twice).
+      float m1 = -INFINITY, m2 = -INFINITY;
+      for (int i = lane; i < p.per_group; i += 32) {
+        const float v = choice[g * p.per_group + i];
+        if (v > m1) {
+          m2 = m1;
+          m1 = v;
+        } else if (v > m2) {
+          m2 = v;
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float o1 = __shfl_xor_sync(0xffffffffu, m1, o);
+        const float o2 = __shfl_xor_sync(0xffffffffu, m2, o);
+        m2 = fmaxf(fminf(m1, o1), fmaxf(m2, o2));
+        m1 = fmaxf(m1, o1);
+      }
+      if (lane == 0) {
+        group_score[g] = ranked(m1 + m2);
+        kept[g] = 0;
+      }
+    }
+    __syncwarp();
+    for (int r = 0; r < p.topk_group; ++r) {
+      float bv = -INFINITY;
+      int bi = INT_MAX;
+      for (int g = lane; g < p.groups; g += 32) {
+        if (!kept[g] && (bi == INT_MAX || group_score[g] > bv)) bv = group_score[g], bi = g;
+      }
+      warp_argmax(bv, bi);
+      if (lane == 0) kept[bi] = 1;
+      __syncwarp();
+    }
+#pragma unroll
+    for (int j = 0; j < kVpl; ++j) {
+      const int e = j * 32 + lane;
+      if (e < p.experts && !kept[e / p.per_group]) selectable &= ~(1u << j);
+    }
+  }
+
+  for (int r = 0; r < p.top_k; ++r) {
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+#pragma unroll
+    for (int j = 0; j < kVpl; ++j) {  // ascending experts: a strict > keeps the lower index on ties
+      if (((selectable >> j) & 1u) && (bi == INT_MAX || c[j] > bv)) bv = c[j], bi = j * 32 + lane;
+    }
+    warp_argmax(bv, bi);
+    if ((bi & 31) == lane) selectable &= ~(1u << (bi >> 5));
+    if (lane == 0) chosen[r] = bi;
+  }
+  __syncwarp();
+
+  float sum = 0.0f;  // every lane, in selection order (the CPU op's order)
+  for (int r = 0; r < p.top_k; ++r) sum += score[chosen[r]];
+  const float denom = p.renormalize ? sum + 1e-20f : 1.0f;
+  for (int r = lane; r < p.top_k; r += 32) {
+    const int e = chosen[r];
+    p.idx[t * p.top_k + r] = e;
+    p.weights[t * p.top_k + r] = score[e] / denom * p.scaling;
+  }
+}
+
+void launch_router_select(const RouterSelectParams& p, cudaStream_t stream) {
+  const int per_lane = (p.experts + 31) / 32;
+  const unsigned blocks = blocks_for(p.tokens, kSelectWarps);
+  const size_t smem = sizeof(float) * kSelectWarps * select_smem_floats(p);
+  switch (per_lane <= 1    ? 1
+          : per_lane <= 2  ? 2
+          : per_lane <= 4  ? 4
+          : per_lane <= 8  ? 8
+          : per_lane <= 16 ? 16
+                           : 32) {
+    case 1:
+      router_select_kernel<1><<<blocks, kSelectWarps * 32, smem, stream>>>(p);
+      break;
+    case 2:
+      router_select_kernel<2><<<blocks, kSelectWarps * 32, smem, stream>>>(p);
+      break;
+    case 4:
+      router_select_kernel<4><<<blocks, kSelectWarps * 32, smem, stream>>>(p);
+      break;
+    case 8:
+      router_select_kernel<8><<<blocks, kSelectWarps * 32, smem, stream>>>(p);
+      break;
+    case 16:
+      router_select_kernel<16><<<blocks, kSelectWarps * 32, smem, stream>>>(p);
+      break;
+    default:
+      router_select_kernel<32><<<blocks, kSelectWarps * 32, smem, stream>>>(p);
+      break;
+  }
+  HLM_CHECK_LAUNCH("router_select_kernel");
+}
+
+}  // namespace
+
+void moe_route(CudaContext& ctx, const Tensor& x, const Tensor& w, const Tensor& bias, const RouterParams& p,
+               Tensor& idx, Tensor& weights) {
+  const char* op = "moe_route";
+  expect_cuda(x, op, "x", {DType::kBF16, DType::kF32}, 2, "[T, D]");
+  expect_cuda(w, op, "w", {DType::kBF16, DType::kF32}, 2, "[E, D]");
+  expect_cuda(bias, op, "bias", {DType::kF32, DType::kBF16}, 1, "[E]");
+  expect_dim(w, 1, x.dim(1), op, "w [E, D]", "the hidden size of x [T, D]");
+  const int64_t rows = x.dim(0), hidden = x.dim(1), experts = w.dim(0);
+  expect_dim(bias, 0, experts, op, "bias [E]", "the expert count of w [E, D]");
+  check_router_params(p, experts, op);
+  const int64_t groups = p.num_expert_group, per_group = experts / groups;
+  // One warp ranks a token's experts from registers, at most 32 per lane.
+  HLM_CHECK(experts <= kMaxExperts, "moe_route: the CUDA router takes at most {} experts, got {}",
+            kMaxExperts, experts);
+  // The logits kernel reads 8 columns per 16-byte load.
+  HLM_CHECK(hidden % 8 == 0 && aligned16(x.raw()) && aligned16(w.raw()),
+            "moe_route: the CUDA router needs a hidden size divisible by 8 and 16-byte aligned x and w, got "
+            "x {} and w {}",
+            x.describe(), w.describe());
+  prepare_output(ctx, idx, {rows, p.top_k}, DType::kI32, op, "idx");
+  prepare_output(ctx, weights, {rows, p.top_k}, DType::kF32, op, "weights");
+  if (rows == 0) return;
+
+  Tensor logits = ctx.empty({rows, experts}, DType::kF32);  // [T, E]
+  const RouterLogitsParams lp{x.raw(), w.raw(), logits.data<float>(), rows, hidden, experts};
+  const bool x_bf16 = x.dtype() == DType::kBF16, w_bf16 = w.dtype() == DType::kBF16;
+  switch ((x_bf16 ? 2 : 0) + (w_bf16 ? 1 : 0)) {
+    case 3:
+      launch_router_logits<bf16, bf16>(lp, ctx.stream());
+      break;
+    case 2:
+      launch_router_logits<bf16, float>(lp, ctx.stream());
+      break;
+    case 1:
+      launch_router_logits<float, bf16>(lp, ctx.stream());
+      break;
+    default:
+      launch_router_logits<float, float>(lp, ctx.stream());
+      break;
+  }
+
+  RouterSelectParams sp{};
+  sp.logits = logits.data<float>();
+  sp.bias = bias.raw();
+  sp.bias_bf16 = bias.dtype() == DType::kBF16;
+  sp.idx = idx.data<int32_t>();
+  sp.weights = weights.data<float>();
+  sp.tokens = rows;
+  sp.experts = static_cast<int>(experts);
+  sp.groups = static_cast<int>(groups);
+  sp.per_group = static_cast<int>(per_group);
+  sp.topk_group = static_cast<int>(p.topk_group);
+  sp.top_k = static_cast<int>(p.top_k);
+  sp.renormalize = p.renormalize;
+  sp.scaling = p.scaling;
+  launch_router_select(sp, ctx.stream());
 }
 
 }  // namespace hlm::cuda
