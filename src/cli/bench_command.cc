@@ -1,11 +1,18 @@
-// `helixlm bench`: decode latency and throughput at a chosen context length and batch size. Each repeat
-// prefills `batch` sequences of `context` random tokens, then times `steps` decode steps of the whole
-// batch; the report gives medians over all timed steps and repeats, and the ratio of the measured step
-// time to a physical floor: the bytes one decode step must move (this rank's weights as the backend holds
-// them, with only the routed experts a step can touch, plus each sequence's KV cache and KDA state) over
-// the memory bandwidth measured here by a large copy.
+// `helixlm bench`: decode latency and throughput at a chosen context length and batch size, and prefill
+// speed. Each repeat starts `batch` sequences at `context` tokens and times `steps` decode steps of the
+// whole batch (greedy sampling on the backend, as `generate` runs them); the report gives medians over all
+// timed steps and the ratio of the measured step time to a physical floor: the bytes one decode step must
+// move (this rank's weights as the backend holds them, counting only the routed experts a step is expected
+// to touch and one embedding row per token, plus each sequence's KV cache and KDA state read and written)
+// over the copy bandwidth measured in the same process.
+//
+// Contexts reach their length by a real prefill, or, with --synthetic-context (the default with
+// --random-weights), by starting the sequences at `context` tokens over caches filled with random values:
+// a decode step then reads exactly the bytes a real context of that length holds, without the prefill
+// time of a million-token prompt. Prefill speed is then measured on a separate prompt (--prefill-tokens).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <iostream>
 #include <memory>
@@ -13,13 +20,13 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "base/log.h"
 #include "cli/commands.h"
 #include "cli/format.h"
 #include "cli/session.h"
 #include "model/memory_plan.h"
-#include "runtime/sampler.h"
 
 namespace hlm {
 
@@ -33,6 +40,10 @@ struct BenchArgs {
   int32_t batch = 1;
   int64_t steps = 32;
   int repeats = 3;
+  int64_t prefill_chunk = 0;   // 0: 512 on the CPU, 8192 on a GPU
+  int64_t prefill_tokens = -1;  // synthetic contexts: the prompt timed for prefill (-1: min(context, 8192))
+  int synthetic = -1;           // -1: on with --random-weights
+  bool json = false;
 };
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -42,49 +53,71 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-// Copy bandwidth (bytes read + written per second) over buffers far larger than the caches.
-double measure_bandwidth() {
-  const size_t bytes = size_t{1} << 30;
-  std::vector<char> a(bytes, 1), b(bytes, 0);
+// Copy bandwidth (bytes read + written per second) of the backend's memory, over buffers far larger than
+// the caches: 1 GiB on the host, 2 GiB on a GPU.
+double measure_bandwidth(Ops& ops) {
+  const int64_t bytes = ops.device() == Device::kCuda ? int64_t{2} << 30 : int64_t{1} << 30;
+  Tensor a = ops.zeros({bytes}, DType::kU8), b = ops.zeros({bytes}, DType::kU8);
+  ops.copy(a, b);  // first touch
+  ops.synchronize();
   std::vector<double> rates;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 5; ++i) {
     const auto t = Clock::now();
-    std::memcpy(b.data(), a.data(), bytes);
+    ops.copy(a, b);
+    ops.synchronize();
     rates.push_back(2.0 * static_cast<double>(bytes) / seconds_since(t));
   }
   return median(rates);
 }
 
-// Bytes one decode step of `batch` sequences at `context` tokens must move on rank 0 (fp32 backend).
-double decode_step_bytes(const ModelConfig& cfg, const Mapping& m, int64_t context, int32_t batch,
-                         int64_t tokens_per_block) {
-  const RankWeightBytes w =
-      rank_weight_bytes(weight_layout(cfg), m, [](const WeightSpec&) { return DType::kF32; });
-  double bytes =
-      static_cast<double>(w.total - w.by_category[static_cast<size_t>(WeightCategory::kRoutedExperts)]);
+struct StepBytes {
+  double weights = 0;  // dense weights + touched experts + embedding rows
+  double kv = 0;
+  double state = 0;
+  double total() const { return weights + kv + state; }
+};
+
+// Bytes one decode step of `batch` sequences at `context` tokens moves on this rank. Routed experts: the
+// expected number of distinct local experts among batch·k uniform draws from E (random weights route close
+// to uniformly; batch 1 touches exactly k).
+StepBytes decode_step_bytes(const ModelConfig& cfg, const Mapping& m, Ops& ops, const Session& s, int64_t context,
+                            int32_t batch, int64_t tokens_per_block) {
+  const std::vector<WeightSpec> layout = weight_layout(cfg);
+  const RankWeightBytes w = rank_weight_bytes(layout, m, [&](const WeightSpec& spec) {
+    const DType stored = s.stored_dtype(spec);
+    return stored == DType::kU8 ? stored : ops.weight_dtype(stored);
+  });
+  StepBytes b;
+  const auto cat = [&](WeightCategory c) { return static_cast<double>(w.by_category[static_cast<size_t>(c)]); };
+  b.weights = static_cast<double>(w.total) - cat(WeightCategory::kRoutedExperts) - cat(WeightCategory::kEmbedding);
+  b.weights += batch * cat(WeightCategory::kEmbedding) / static_cast<double>(cfg.vocab_size);
   if (cfg.num_moe_layers() > 0) {
-    // A step touches at most batch·k distinct experts per MoE layer, at least k (batch 1 touches exactly k).
-    const double expert_bytes =
-        3.0 * static_cast<double>(cfg.moe_intermediate_size * cfg.hidden_size) * 4 / m.moe_tp;
     const double local = static_cast<double>(m.experts(cfg.num_experts).size());
-    const double touched = std::min(local, static_cast<double>(cfg.experts_per_token) * batch * local /
-                                               static_cast<double>(cfg.num_experts));
-    bytes += cfg.num_moe_layers() * std::max(touched, std::min(local, 1.0)) * expert_bytes;
+    const double per_expert = cat(WeightCategory::kRoutedExperts) / (cfg.num_moe_layers() * local);
+    const double p = static_cast<double>(cfg.experts_per_token) / static_cast<double>(cfg.num_experts);
+    const double touched = local * (1.0 - std::pow(1.0 - p, batch));
+    b.weights += cfg.num_moe_layers() * touched * per_expert;
   }
-  const StateBytes s = state_bytes(cfg, m, 4, 4);
+  const int64_t kv_elem = static_cast<int64_t>(dtype_size(ops.weight_dtype(DType::kBF16)));
+  const StateBytes st = state_bytes(cfg, m, kv_elem, kv_elem);
   const Placement placement{tokens_per_block, m.cp};
-  bytes += static_cast<double>(batch) *
-           (static_cast<double>(placement.local_len(context, m.cp_rank()) * s.kv_per_token) +
-            2.0 * static_cast<double>(s.kda_recurrent + s.kda_conv));
-  return bytes;
+  b.kv = static_cast<double>(batch) * static_cast<double>(placement.local_len(context, m.cp_rank()) * st.kv_per_token);
+  b.state = 2.0 * batch * static_cast<double>(st.kda_recurrent + st.kda_conv);
+  return b;
 }
 
 int run_bench(const BenchArgs& a) {
   HLM_CHECK(a.context > 0 && a.batch > 0 && a.steps > 0 && a.repeats > 0,
             "--context, --batch, --steps and --repeats must be positive");
   SessionOptions so = a.session;
+  const bool synthetic = a.synthetic < 0 ? so.random_weights : a.synthetic != 0;
+  const Device device = resolve_device(so.device);
+  const int64_t chunk = a.prefill_chunk > 0 ? a.prefill_chunk : (device == Device::kCuda ? 8192 : 512);
+  const int64_t prefill_tokens = a.prefill_tokens >= 0 ? a.prefill_tokens : std::min<int64_t>(a.context, 8192);
   so.engine.max_batch = std::max(so.engine.max_batch, a.batch);
-  Session s(so, a.context + a.steps);
+  so.max_step_tokens = std::max<int64_t>(chunk, a.batch);
+  so.max_logit_rows = a.batch;
+  Session s(so, std::max(a.context, prefill_tokens) + a.steps);
   if (!s.is_driver()) {
     s.engine().serve();
     return 0;
@@ -92,47 +125,111 @@ int run_bench(const BenchArgs& a) {
   const ModelConfig& cfg = s.config();
   std::mt19937 rng(1234);
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(cfg.vocab_size - 1));
+  auto random_tokens = [&](int64_t n) {
+    std::vector<int32_t> t(n);
+    for (int32_t& x : t) x = token(rng);
+    return t;
+  };
+  if (synthetic) s.model().randomize_caches(99);
+
   std::vector<double> prefill_rates, step_times;
   int64_t next_id = 0;
+  // Prefill of `n` tokens of a new sequence in chunks; returns tokens/s and leaves the sequence alive.
+  auto prefill = [&](int64_t id, int64_t n, std::vector<int32_t>* last) {
+    const std::vector<int32_t> tokens = random_tokens(n);
+    const auto t = Clock::now();
+    for (int64_t done = 0; done < n;) {
+      const int64_t take = std::min(chunk, n - done);
+      StepPlan plan;
+      plan.entries.push_back(StepEntry{id, done == 0, false,
+                                       std::vector<int32_t>(tokens.begin() + done, tokens.begin() + done + take)});
+      const std::vector<int32_t> ids = s.engine().step_sample(plan, {SampleParams{}});
+      if (last != nullptr) last->push_back(ids[0]);
+      done += take;
+    }
+    return static_cast<double>(n) / seconds_since(t);
+  };
   for (int rep = 0; rep < a.repeats; ++rep) {
     std::vector<int64_t> ids;
-    StepPlan prefill;
-    for (int32_t b = 0; b < a.batch; ++b) {
-      ids.push_back(next_id++);
-      std::vector<int32_t> tokens(a.context);
-      for (int32_t& t : tokens) t = token(rng);
-      prefill.entries.push_back(StepEntry{ids.back(), true, false, std::move(tokens)});
+    std::vector<int32_t> next;
+    if (synthetic) {
+      if (prefill_tokens > 0) {
+        const int64_t id = next_id++;
+        prefill_rates.push_back(prefill(id, prefill_tokens, nullptr));
+        StepPlan release;
+        release.release.push_back(id);
+        s.engine().step(release);
+      }
+      StepPlan start;
+      for (int32_t b = 0; b < a.batch; ++b) {
+        ids.push_back(next_id++);
+        start.synthetic.push_back(SyntheticSeq{ids.back(), a.context});
+        next.push_back(token(rng));
+      }
+      s.engine().step(start);
+    } else {
+      const auto t = Clock::now();
+      for (int32_t b = 0; b < a.batch; ++b) {
+        ids.push_back(next_id++);
+        prefill(ids.back(), a.context, &next);
+      }
+      prefill_rates.push_back(static_cast<double>(a.context * a.batch) / seconds_since(t));
     }
-    auto t = Clock::now();
-    std::vector<Tensor> logits = s.engine().step(prefill);
-    prefill_rates.push_back(static_cast<double>(a.context * a.batch) / seconds_since(t));
     for (int64_t step = 0; step < a.steps; ++step) {
       StepPlan decode;
-      for (size_t b = 0; b < ids.size(); ++b) {
-        decode.entries.push_back(
-            StepEntry{ids[b], false, false, {argmax(logits[b].data<float>(), cfg.vocab_size)}});
-      }
+      for (size_t b = 0; b < ids.size(); ++b) decode.entries.push_back(StepEntry{ids[b], false, false, {next[b]}});
       if (step == a.steps - 1) decode.release = ids;
-      t = Clock::now();
-      logits = s.engine().step(decode);
+      const auto t = Clock::now();
+      next = s.engine().step_sample(decode, std::vector<SampleParams>(ids.size()));
       step_times.push_back(seconds_since(t));
+      for (int32_t& x : next) x = std::max(x, 0);  // a non-finite row must not stop a benchmark
     }
     spdlog::info("bench: repeat {}/{} done", rep + 1, a.repeats);
   }
   s.engine().stop();
 
   const double step = median(step_times);
-  const double bandwidth = measure_bandwidth();
+  const double bandwidth = measure_bandwidth(s.ops());
   const Mapping& m = s.model().mapping();
-  const double bytes = decode_step_bytes(cfg, m, a.context, a.batch, so.engine.tokens_per_block);
-  const double floor = bytes / bandwidth;
-  std::cout << fmt::format("model: {}  layout: tp={} cp={}  context {}  batch {}  ({} steps x {} repeats)\n",
-                           so.model_dir, m.tp, m.cp, a.context, a.batch, a.steps, a.repeats);
-  std::cout << fmt::format("prefill: {:.0f} tokens/s (median)\n", median(prefill_rates));
+  const StepBytes bytes = decode_step_bytes(cfg, m, s.ops(), s, a.context, a.batch, so.engine.tokens_per_block);
+  const double floor = bytes.total() / bandwidth;
+  const std::string model = so.random_weights ? so.config_path + " (random weights)" : so.model_dir;
+  if (a.json) {
+    nlohmann::json j;
+    j["device"] = s.device() == Device::kCuda ? "cuda" : "cpu";
+    j["model"] = model;
+    j["layers"] = cfg.num_layers;
+    j["tp"] = m.tp;
+    j["cp"] = m.cp;
+    j["context"] = a.context;
+    j["synthetic_context"] = synthetic;
+    j["batch"] = a.batch;
+    j["steps"] = a.steps;
+    j["repeats"] = a.repeats;
+    j["decode_ms_per_step"] = step * 1e3;
+    j["tokens_per_s"] = a.batch / step;
+    j["prefill_tokens_per_s"] = median(prefill_rates);
+    j["prefill_chunk"] = chunk;
+    j["copy_bandwidth_gb_s"] = bandwidth / 1e9;
+    j["floor_bytes"] = bytes.total();
+    j["floor_bytes_weights"] = bytes.weights;
+    j["floor_bytes_kv"] = bytes.kv;
+    j["floor_bytes_state"] = bytes.state;
+    j["floor_ms"] = floor * 1e3;
+    j["floor_ratio"] = step / floor;
+    std::cout << j.dump() << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("model: {}  layout: tp={} cp={}  context {}{}  batch {}  ({} steps x {} repeats)\n", model,
+                           m.tp, m.cp, a.context, synthetic ? " (synthetic)" : "", a.batch, a.steps, a.repeats);
+  std::cout << fmt::format("prefill: {:.0f} tokens/s (median, chunks of {})\n", median(prefill_rates), chunk);
   std::cout << fmt::format("decode: {:.3f} ms/step median, {:.1f} tokens/s\n", step * 1e3, a.batch / step);
   std::cout << fmt::format(
-      "floor: {} B/step on rank 0 at {:.1f} GB/s copy bandwidth = {:.4f} ms; measured/floor = {:.1f}\n",
-      grouped(static_cast<int64_t>(bytes)), bandwidth / 1e9, floor * 1e3, step / floor);
+      "floor: {} B/step on rank 0 (weights {}, KV {}, KDA state {}) at {:.1f} GB/s copy bandwidth = {:.4f} ms; "
+      "measured/floor = {:.2f}\n",
+      grouped(static_cast<int64_t>(bytes.total())), grouped(static_cast<int64_t>(bytes.weights)),
+      grouped(static_cast<int64_t>(bytes.kv)), grouped(static_cast<int64_t>(bytes.state)), bandwidth / 1e9,
+      floor * 1e3, step / floor);
   return 0;
 }
 
@@ -142,11 +239,21 @@ CommandRunner add_bench_command(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "Time prefill and decode at a context length and batch size");
   add_session_options(*cmd, a->session);
-  cmd->add_option("--context", a->context, "Prompt tokens per sequence before decoding")
-      ->capture_default_str();
+  cmd->add_option("--config", a->session.config_path, "config.json of the model (with --random-weights)");
+  cmd->add_flag("--random-weights", a->session.random_weights,
+                "Build the model of --config with random weights on the backend (no checkpoint)");
+  cmd->add_option("--num-layers", a->session.num_layers, "Only the first N layers of the model (0: all)");
+  cmd->add_option("--context", a->context, "Tokens per sequence before decoding")->capture_default_str();
   cmd->add_option("--batch", a->batch, "Sequences decoded together")->capture_default_str();
   cmd->add_option("--steps", a->steps, "Timed decode steps per repeat")->capture_default_str();
   cmd->add_option("--repeats", a->repeats, "Repeats")->capture_default_str();
+  cmd->add_option("--prefill-chunk", a->prefill_chunk, "Tokens per prefill step (default: 512 CPU, 8192 GPU)");
+  cmd->add_option("--prefill-tokens", a->prefill_tokens,
+                  "With a synthetic context: prompt length timed for prefill (default: min(context, 8192))");
+  cmd->add_option("--synthetic-context", a->synthetic,
+                  "1: start sequences at --context over random caches instead of prefilling them (default with "
+                  "--random-weights); 0: prefill");
+  cmd->add_flag("--json", a->json, "Print one JSON object instead of the report");
   return [a] { return run_bench(*a); };
 }
 

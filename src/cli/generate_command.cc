@@ -31,6 +31,8 @@ int run_generate(const GenerateArgs& a) {
 
   SessionOptions so = a.session;
   so.engine.max_batch = std::max<int32_t>(so.engine.max_batch, static_cast<int32_t>(prompts.size()));
+  so.max_step_tokens = a.gen.step_tokens + so.engine.max_batch;
+  so.max_logit_rows = so.engine.max_batch;
   Session s(so, longest + a.gen.max_new_tokens);
   if (!s.is_driver()) {
     s.engine().serve();

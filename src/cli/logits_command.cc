@@ -26,7 +26,11 @@ int run_logits(const LogitsArgs& a) {
   const int64_t prefill = a.prefill_len < 0 ? len : a.prefill_len;
   HLM_CHECK(prefill <= len, "--prefill-len {} exceeds the {} ids given", prefill, len);
   HLM_CHECK(a.prefill_chunk >= 0, "--prefill-chunk must be >= 0 (got {})", a.prefill_chunk);
-  Session s(a.session, len);
+  const int64_t chunk = a.prefill_chunk > 0 ? a.prefill_chunk : std::max<int64_t>(prefill, 1);
+  SessionOptions so = a.session;
+  so.max_step_tokens = chunk;
+  so.max_logit_rows = chunk;
+  Session s(so, len);
   if (!s.is_driver()) {
     s.engine().serve();
     return 0;
@@ -45,7 +49,6 @@ int run_logits(const LogitsArgs& a) {
     std::copy_n(logits.data<float>(), logits.numel(), out.data<float>() + done * cfg.vocab_size);
     done += n;
   };
-  const int64_t chunk = a.prefill_chunk > 0 ? a.prefill_chunk : std::max<int64_t>(prefill, 1);
   while (done < prefill) run(std::min(chunk, prefill - done));
   while (done < len) run(1);
   s.engine().stop();

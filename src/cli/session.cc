@@ -158,4 +158,13 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
 
 Session::~Session() = default;
 
+DType Session::stored_dtype(const WeightSpec& spec) const {
+  if (checkpoint_ == nullptr) return spec.typical_dtype;
+  if (checkpoint_->has(spec.name)) return checkpoint_->info(spec.name).dtype;
+  for (const std::string& alt : spec.alt_names) {
+    if (checkpoint_->has(alt)) return checkpoint_->info(alt).dtype;
+  }
+  return spec.typical_dtype;
+}
+
 }  // namespace hlm

@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "model/weight_layout.h"
 #include "ops/backend.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
@@ -58,6 +59,8 @@ class Session {
   Ops& ops() { return *ops_; }
   const ModelConfig& config() const { return config_; }
   Device device() const { return ops_->device(); }
+  // The dtype a tensor of the layout is stored in: the checkpoint's, or the published one (random weights).
+  DType stored_dtype(const WeightSpec& spec) const;
 
  private:
   ModelConfig config_;

@@ -57,7 +57,7 @@ KdaLayer::KdaLayer(const LayerEnv& env, int layer, WeightSource& w) {
 
 void KdaLayer::allocate_state(const LayerEnv& env, int32_t slots) {
   const int64_t dl = heads_ * head_dim_;
-  conv_state_ = env.ops.zeros({slots, 3 * dl, env.cfg.kda_conv_kernel - 1}, DType::kF32);
+  conv_state_ = env.ops.zeros({slots, 3 * dl, env.cfg.kda_conv_kernel - 1}, env.ops.weight_dtype(DType::kBF16));
   recurrent_state_ = env.ops.zeros({slots, heads_, head_dim_, head_dim_}, DType::kF32);
 }
 
@@ -66,6 +66,12 @@ void KdaLayer::reset_slot(const LayerEnv& env, int32_t slot) {
   Tensor rec = recurrent_state_[slot];
   env.ops.fill_zero(conv);
   env.ops.fill_zero(rec);
+}
+
+void KdaLayer::randomize_state(const LayerEnv& env, uint64_t seed) {
+  // Magnitudes of a state after many tokens of unit-norm keys: entries well inside (-1, 1).
+  env.ops.random_fill(recurrent_state_, RandomFill{0.05f, 0.0f, 0, 255, seed});
+  env.ops.random_fill(conv_state_, RandomFill{1.0f, 0.0f, 0, 255, seed ^ 0x5bd1e995u});
 }
 
 Tensor KdaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext& ctx) {

@@ -18,6 +18,7 @@ class KdaLayer {
 
   void allocate_state(const LayerEnv& env, int32_t slots);
   void reset_slot(const LayerEnv& env, int32_t slot);
+  void randomize_state(const LayerEnv& env, uint64_t seed);
   int64_t state_bytes_per_slot() const {
     return static_cast<int64_t>(conv_state_[0].nbytes() + recurrent_state_[0].nbytes());
   }

@@ -48,8 +48,11 @@ int64_t kv_bytes_at(const StateBytes& s, const Placement& placement, int r, int6
 int64_t step_scratch_bytes(const ModelConfig& cfg, const Mapping& mapping, int64_t tokens, int64_t logit_rows) {
   const int64_t n = mapping.world();
   const int64_t hidden = cfg.hidden_size;
-  const int64_t kda_local = cfg.kda_heads / n * cfg.kda_head_dim;
-  const int64_t kda = 14 * kda_local + 4 * hidden;
+  const int64_t kda_heads = cfg.kda_heads / n;
+  const int64_t kda_local = kda_heads * cfg.kda_head_dim;
+  // Projections, conv, gate and core outputs, plus the chunked prefill's fp32 workspace (q̂, k̂, Γ, U, W per
+  // key channel and a row of the chunk's pair matrices per head).
+  const int64_t kda = 14 * kda_local + 4 * hidden + kda_heads * (5 * cfg.kda_head_dim + 64);
   const int64_t tp_heads = cfg.mla_heads / std::max(1, mapping.tp);
   const int64_t mla = tp_heads * (cfg.qk_head_dim() + 4 * cfg.mla_cache_dim() + 2) + 4 * cfg.mla_cache_dim() +
                       4 * hidden + 2 * cfg.mla_heads * cfg.v_head_dim;

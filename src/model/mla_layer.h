@@ -20,6 +20,9 @@ class MlaLayer {
   Tensor forward(const LayerEnv& env, const Tensor& x, const StepContext& ctx);
 
   void allocate_cache(const LayerEnv& env, int64_t pages, int64_t tokens_per_block);
+  void randomize_cache(const LayerEnv& env, uint64_t seed) {
+    env.ops.random_fill(cache_, RandomFill{1.0f, 0.0f, 0, 255, seed});
+  }
 
  private:
   Tensor project_queries(const LayerEnv& env, const Tensor& x);  // [T, H/tp, L + R]

@@ -86,6 +86,15 @@ void Model::reset_slot(int32_t slot) {
   }
 }
 
+void Model::randomize_caches(uint64_t seed) {
+  const LayerEnv e = env();
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Layer& l = layers_[i];
+    if (auto* kda = std::get_if<KdaLayer>(&l.attn)) kda->randomize_state(e, seed + i);
+    if (auto* mla = std::get_if<MlaLayer>(&l.attn)) mla->randomize_cache(e, seed + i);
+  }
+}
+
 int64_t Model::kda_state_bytes_per_slot() const {
   int64_t bytes = 0;
   for (const Layer& l : layers_) {

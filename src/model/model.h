@@ -25,6 +25,9 @@ class Model {
   void allocate_caches(int32_t slots, int64_t pages, int64_t tokens_per_block);
   // Zeroes the KDA state of a slot before a new sequence uses it.
   void reset_slot(int32_t slot);
+  // Fills every MLA page and KDA state slot with pseudo-random values: benchmarks of long contexts start
+  // sequences at their length without running them (SyntheticSeq), and must not time all-zero caches.
+  void randomize_caches(uint64_t seed);
 
   // One step over the ragged batch of `ctx`; returns the logits of ctx.logit_rows as a backend F32
   // tensor [rows, vocab], identical on every rank.

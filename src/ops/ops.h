@@ -168,6 +168,8 @@ class Ops {
   virtual void end_step() {}
   // Sets aside `bytes` of device memory for step scratch (a device backend's arena; no-op on the CPU).
   virtual void reserve_workspace(int64_t bytes) {}
+  // Waits for the work the ops have enqueued (timing; a no-op where ops run synchronously).
+  virtual void synchronize() {}
   // Runs `body` once, recording its device work as a graph to replay (nullptr where the backend has no
   // graphs). The body's tensors must stay alive as long as the graph.
   virtual std::unique_ptr<StepGraph> capture(const std::function<void()>& body) {
