@@ -47,8 +47,11 @@ Pretokenizer::~Pretokenizer() { pcre2_code_free(code_); }
 
 bool Pretokenizer::next(std::string_view text, size_t from, size_t* begin, size_t* end) const {
   thread_local MatchScratch scratch;
-  const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), from,
-                             PCRE2_NO_UTF_CHECK, scratch.data, scratch.context);
+  const auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  // pcre2_jit_match skips pcre2_match's per-call checks; the subject is valid UTF-8 by contract.
+  const int rc = jit_ ? pcre2_jit_match(code_, subject, text.size(), from, 0, scratch.data, scratch.context)
+                      : pcre2_match(code_, subject, text.size(), from, PCRE2_NO_UTF_CHECK, scratch.data,
+                                    scratch.context);
   if (rc == PCRE2_ERROR_NOMATCH) return false;
   HLM_CHECK(rc > 0, "pre-tokenizer match failed at byte {}: {}", from, pcre2_message(rc));
   const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(scratch.data);

@@ -75,7 +75,11 @@ uint32_t RankTable::add(std::string_view bytes, uint32_t rank) {
   if (rank >= offsets_.size()) offsets_.resize(size_t(rank) + 1);
   offsets_[rank] = Span{static_cast<uint32_t>(arena_.size()), static_cast<uint32_t>(bytes.size())};
   arena_.append(bytes);
-  insert_slot(load_prefix(bytes), bytes, rank);
+  if (bytes.size() <= 2) {
+    short_rank_[short_index(bytes)] = rank;
+  } else {
+    insert_slot(load_prefix(bytes), bytes, rank);
+  }
   ++count_;
   return kNone;
 }

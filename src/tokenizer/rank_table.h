@@ -20,7 +20,9 @@ class RankTable {
   uint32_t add(std::string_view bytes, uint32_t rank);
   bool has_rank(uint32_t rank) const { return rank < offsets_.size() && offsets_[rank].len != 0; }
 
+  // The rank of `bytes` (non-empty), or kNone.
   uint32_t find(std::string_view bytes) const {
+    if (bytes.size() <= 2) return short_rank_[short_index(bytes)];
     const uint64_t prefix = load_prefix(bytes);
     const uint32_t len = static_cast<uint32_t>(bytes.size());
     for (size_t i = hash(prefix, bytes) & mask_;; i = (i + 1) & mask_) {
@@ -49,6 +51,12 @@ class RankTable {
     uint32_t len = 0;
   };
 
+  // Tokens of one or two bytes live in a direct table (the merge loop's first pass asks for every
+  // adjacent byte pair): index 0..255 for one byte, 256 + (b0 << 8 | b1) for two.
+  static size_t short_index(std::string_view b) {
+    const auto b0 = static_cast<unsigned char>(b[0]);
+    return b.size() == 1 ? b0 : 256 + ((size_t(b0) << 8) | static_cast<unsigned char>(b[1]));
+  }
   static uint64_t load_prefix(std::string_view b) {
     uint64_t v = 0;
     const size_t n = b.size() < 8 ? b.size() : 8;
@@ -63,6 +71,7 @@ class RankTable {
   std::string arena_;          // every token's bytes, back to back
   std::vector<Span> offsets_;  // rank -> its bytes in arena_
   std::vector<Slot> slots_;
+  std::vector<uint32_t> short_rank_ = std::vector<uint32_t>(256 + 65536, kNone);
   size_t mask_ = 0;  // slots_.size() - 1; slots_ is never more than half full
   size_t count_ = 0;
 };

@@ -3,7 +3,6 @@
 #include "tokenizer/tokenizer.h"
 
 #include <algorithm>
-#include <array>
 #include <unordered_map>
 
 #include "base/error.h"
@@ -40,14 +39,18 @@ struct Tokenizer::Impl {
   std::vector<std::string_view> id_text;  // id -> the bytes it decodes to (empty: not in vocab)
   std::vector<Kind> kind;                 // id -> what it is
   std::unordered_map<std::string_view, int32_t> added_by_text;
-  std::vector<size_t> added_lengths;         // distinct lengths of added tokens, longest first
-  std::array<bool, 256> added_first_byte{};  // bytes an added token can start with
+  std::vector<size_t> added_lengths;  // distinct lengths of added tokens, longest first
+  // The first two bytes an added token can start with (a cheap filter before the hash lookups); an
+  // added token of one byte sets every pair starting with it.
+  std::vector<bool> added_prefix = std::vector<bool>(65536, false);
   std::optional<int32_t> bos, eos;
 
   // The leftmost added token at or after `from` (longest at that position); false when none.
   bool find_added(std::string_view s, size_t from, size_t* begin, size_t* end, int32_t* id) const {
     for (size_t i = from; i < s.size(); ++i) {
-      if (!added_first_byte[static_cast<unsigned char>(s[i])]) continue;
+      const size_t b0 = static_cast<unsigned char>(s[i]);
+      const size_t b1 = i + 1 < s.size() ? static_cast<unsigned char>(s[i + 1]) : 0;
+      if (!added_prefix[(b0 << 8) | b1]) continue;
       for (size_t len : added_lengths) {
         if (len > s.size() - i) continue;
         const auto it = added_by_text.find(s.substr(i, len));
@@ -160,7 +163,11 @@ Tokenizer Tokenizer::load_files(const std::string& model_file, const std::string
               text);
     impl->id_text[t.id] = text;
     impl->kind[t.id] = t.special ? Kind::kSpecial : Kind::kAdded;
-    impl->added_first_byte[static_cast<unsigned char>(text[0])] = true;
+    const size_t b0 = static_cast<unsigned char>(text[0]);
+    for (size_t b1 = 0; b1 < 256; ++b1) {
+      if (text.size() == 1 || static_cast<unsigned char>(text[1]) == b1)
+        impl->added_prefix[(b0 << 8) | b1] = true;
+    }
     if (std::find(impl->added_lengths.begin(), impl->added_lengths.end(), text.size()) ==
         impl->added_lengths.end()) {
       impl->added_lengths.push_back(text.size());
