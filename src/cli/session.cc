@@ -3,7 +3,6 @@
 #include <omp.h>
 
 #include <charconv>
-#include <filesystem>
 #include <thread>
 
 #include <cblas.h>
@@ -11,11 +10,13 @@
 #include "base/log.h"
 #include "ops/cpu/cpu_ops.h"
 #include "parallel/layout_rules.h"
+#include "weights/model_source.h"
 
 namespace hlm {
 
 void add_session_options(CLI::App& cmd, SessionOptions& o) {
-  cmd.add_option("-m,--model", o.model_dir, "Checkpoint directory (config.json + safetensors)")
+  cmd.add_option("-m,--model", o.model_dir,
+                 "Checkpoint directory, or a Hugging Face repo id in the local cache")
       ->capture_default_str();
   cmd.add_option("--tp", o.tp, "MLA attention tensor-parallel width")->capture_default_str();
   cmd.add_option("--cp", o.cp, "MLA decode context-parallel width (KV pages striped over cp ranks)")
@@ -68,15 +69,14 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
       world == o.tp * o.cp,
       "the launch has {} rank(s) but --tp {} x --cp {} = {}: start with `mpirun -np {}` or change --tp/--cp",
       world, o.tp, o.cp, o.tp * o.cp, o.tp * o.cp);
-  HLM_CHECK(std::filesystem::is_directory(o.model_dir), "model directory '{}' not found (pass -m DIR)",
-            o.model_dir);
-  config_ = load_model_config(o.model_dir + "/config.json");
+  model_dir_ = resolve_model_dir(o.model_dir);
+  config_ = load_model_config(model_dir_ + "/config.json");
   // Every layout rule is checked before a single weight is read.
   check_layout(config_, LayoutRequest{o.tp, o.cp, o.moe_ep, o.moe_tp, o.engine.tokens_per_block});
   Mapping mapping = Mapping::make(o.tp, o.cp, rank, o.moe_ep, o.moe_tp);
   comm_ = world > 1 ? make_mpi_comm(mapping) : make_single_comm();
   set_threads(o.threads, world);
-  checkpoint_ = std::make_unique<Checkpoint>(o.model_dir);
+  checkpoint_ = std::make_unique<Checkpoint>(model_dir_);
   ops_ = make_cpu_ops();
   model_ = std::make_unique<Model>(config_, mapping, *ops_, *comm_, *checkpoint_);
   EngineOptions eo = o.engine;

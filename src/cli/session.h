@@ -41,8 +41,11 @@ class Session {
   Engine& engine() { return *engine_; }
   Model& model() { return *model_; }
   const ModelConfig& config() const { return config_; }
+  // The checkpoint directory -m resolved to (weights/model_source.h).
+  const std::string& model_dir() const { return model_dir_; }
 
  private:
+  std::string model_dir_;
   ModelConfig config_;
   std::unique_ptr<Comm> comm_;
   std::unique_ptr<Ops> ops_;

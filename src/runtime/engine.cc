@@ -14,6 +14,7 @@ Placement make_placement(const Mapping& m, const EngineOptions& o) {
   HLM_CHECK(o.tokens_per_block > 0, "--tokens-per-block must be positive (got {})", o.tokens_per_block);
   HLM_CHECK(o.max_batch > 0, "--max-batch must be positive (got {})", o.max_batch);
   HLM_CHECK(o.max_seq_len > 0, "--max-seq-len must be positive (got {})", o.max_seq_len);
+  HLM_CHECK(o.num_pages >= 0, "the KV page count must be >= 0 (got {})", o.num_pages);
   return Placement{o.tokens_per_block, m.cp};
 }
 
@@ -24,7 +25,9 @@ Engine::Engine(Model& model, Comm& comm, const EngineOptions& options)
       comm_(comm),
       options_(options),
       kv_(make_placement(model.mapping(), options), model.mapping().cp_rank(),
-          pages_per_rank(make_placement(model.mapping(), options), options.max_batch, options.max_seq_len),
+          options.num_pages > 0 ? options.num_pages
+                                : pages_per_rank(make_placement(model.mapping(), options), options.max_batch,
+                                                 options.max_seq_len),
           options.max_batch) {
   model_.allocate_caches(options_.max_batch, kv_.free_pages(), options_.tokens_per_block);
   spdlog::debug("engine: {} state slots, {} MLA pages of {} tokens on this rank", options_.max_batch,

@@ -18,6 +18,7 @@ struct EngineOptions {
   int64_t tokens_per_block = 64;  // MLA page size P
   int32_t max_batch = 8;          // sequences held at once (KDA state slots)
   int64_t max_seq_len = 4096;     // tokens per sequence the MLA page pool is sized for
+  int64_t num_pages = 0;          // MLA pages per rank; 0: room for max_batch sequences of max_seq_len
 };
 
 class Engine {
