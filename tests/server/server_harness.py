@@ -30,15 +30,19 @@ def free_port():
 class Server:
     """A running `helixlm serve`; use as a context manager."""
 
-    def __init__(self, *args, model=TINY_MODEL, api_key=None, startup_timeout=120):
+    def __init__(self, *args, model=TINY_MODEL, api_key=None, ranks=1, startup_timeout=120):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         cmd = [helixlm_binary(), "serve", "-m", model, "--port", str(self.port), *args]
+        if ranks > 1:
+            # Oversubscribed CPU ranks, as the multi-rank CLI tests run them; mpirun refuses root unless told.
+            cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", *cmd, "--threads", "1"]
         if api_key:
             cmd += ["--api-key", api_key]
         self.log = tempfile.NamedTemporaryFile("w+", prefix="helixlm-serve-", suffix=".log", delete=False)
-        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), OMPI_ALLOW_RUN_AS_ROOT="1",
+                   OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + startup_timeout
         while True:
