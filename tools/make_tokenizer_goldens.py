@@ -7,7 +7,8 @@
    chunking of Moonshot's tokenization_kimi.py. Stored per string: a 32-bit hash of the ids with special
    tokens allowed, and of the ids with them disallowed when those differ. cl100k_kimi/tokenizer_config.json
    holds the added tokens (the rank file itself is not committed; the test finds the pip package).
-2. kimi_sparse/: a tokenizer directory with real Kimi ids: the 45 real lines of Kimi's tiktoken.model
+2. kimi_sparse/ (and k3_sparse/, the same ranks with K3's control tokens): a tokenizer directory with real
+   Kimi ids: the 45 real lines of Kimi's tiktoken.model
    (../shared/tokenizer/kimi_sparse_ranks.txt), the 256 single bytes in GPT-2 order, and whole-piece
    tokens whose ids are published facts (ECOSYSTEM.md §3, MODEL.md §10: a text that splits into one regex
    piece per listed id gives each piece its id); expected.json = those texts and tiktoken's ids for them.
@@ -260,6 +261,13 @@ def make_kimi_sparse(shared):
         json.dump(expected, f, indent=1, ensure_ascii=False)
         f.write("\n")
     print(f"kimi_sparse: {len(ranks)} ranks, {len(expected)} expected encodings agree with tiktoken")
+    # K3's control tokens (unconfirmed ids, ../shared/tokenizer) over the same ranks, for the K3 format.
+    k3 = os.path.join(FIXTURES, "k3_sparse")
+    os.makedirs(k3, exist_ok=True)
+    write_ranks(os.path.join(k3, "tiktoken.model"), ranks)
+    k3_named = json.load(open(os.path.join(shared, "kimi_special_tokens.json")))["k3_unconfirmed"]
+    write_config(os.path.join(k3, "tokenizer_config.json"), {int(i): (c, True) for i, c in k3_named.items()},
+                 "[BOS]", "<|end_of_msg|>")
 
 
 def show(index, named):
