@@ -128,7 +128,10 @@ std::vector<nlohmann::json> GenerationResponse::push(const SeqOutput& out) {
         lp = {{"content", nlohmann::json::array({e})}};
       } else {
         nlohmann::json top = nlohmann::json::object();
-        for (const nlohmann::json& a : e["top_logprobs"]) top[a["token"].get<std::string>()] = a["logprob"];
+        // Keyed by text, so tokens that decode alike share an entry: the likelier one keeps it.
+        for (const nlohmann::json& a : e["top_logprobs"]) {
+          if (!top.contains(a["token"].get<std::string>())) top[a["token"].get<std::string>()] = a["logprob"];
+        }
         const int64_t offset = static_cast<int64_t>(content_.size());
         logprobs_["tokens"].push_back(e["token"]);
         logprobs_["token_logprobs"].push_back(e["logprob"]);

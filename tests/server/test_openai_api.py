@@ -86,7 +86,8 @@ class Completions(unittest.TestCase):
         lp = r.choices[0].logprobs
         self.assertEqual(len(lp.token_logprobs), 4)
         for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
-            self.assertEqual(len(top), 3)
+            # The legacy format keys alternatives by text: tokens that decode alike share one entry.
+            self.assertIn(len(top), (1, 2, 3))
             self.assertAlmostEqual(chosen, max(top.values()), places=5)
             self.assertLess(chosen, 0.0)
 
