@@ -18,6 +18,7 @@
 #include "server/openai_service.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "weights/model_source.h"
 
 namespace hlm {
 
@@ -41,6 +42,8 @@ void on_signal(int) { g_stop.store(true); }
 int run_serve(const ServeArgs& a) {
   int world = 1, rank = 0;
   mpi_world(&world, &rank);
+  // A model that cannot be found fails before the port is taken.
+  resolve_model_dir(a.session.model_dir);
   Metrics metrics;
   std::unique_ptr<HttpServer> http;
   if (rank == 0) {

@@ -109,7 +109,14 @@ void HttpServer::start() {
       "cannot listen on {}:{} (address in use, or not an address of this machine); pick another --port or "
       "--host",
       options_.host, options_.port);
-  thread_ = std::thread([this] { server_.listen_after_bind(); });
+  thread_ = std::thread([this] {
+    server_.listen_after_bind();
+    listen_returned_.store(true);
+  });
+  // stop() only reaches a server that is already in its accept loop; wait for it, so an error right
+  // after start-up (a model that fails to load) still shuts the thread down.
+  while (!server_.is_running() && !listen_returned_.load())
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 void HttpServer::attach(OpenAiService* service) { service_.store(service); }

@@ -44,6 +44,7 @@ class HttpServer {
   httplib::Server server_;
   std::thread thread_;
   std::atomic<OpenAiService*> service_{nullptr};
+  std::atomic<bool> listen_returned_{false};
 };
 
 }  // namespace hlm

@@ -30,7 +30,7 @@ def free_port():
 class Server:
     """A running `helixlm serve`; use as a context manager."""
 
-    def __init__(self, *args, model=TINY_MODEL, api_key=None, ranks=1, startup_timeout=120):
+    def __init__(self, *args, model=TINY_MODEL, api_key=None, ranks=1, env=None, startup_timeout=120):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
@@ -42,7 +42,7 @@ class Server:
             cmd += ["--api-key", api_key]
         self.log = tempfile.NamedTemporaryFile("w+", prefix="helixlm-serve-", suffix=".log", delete=False)
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), OMPI_ALLOW_RUN_AS_ROOT="1",
-                   OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+                   OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **(env or {}))
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + startup_timeout
         while True:

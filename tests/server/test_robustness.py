@@ -5,11 +5,14 @@ error shape, and the server keeps serving, a running request undisturbed), API k
 import concurrent.futures
 import http.client
 import json
+import os
+import subprocess
+import tempfile
 import threading
 import time
 import unittest
 
-from server_harness import Server
+from server_harness import TINY_MODEL, Server, helixlm_binary
 
 PROMPT = [5, 17, 300, 41, 7]
 
@@ -173,6 +176,26 @@ class BadRequests(unittest.TestCase):
             self.assertEqual(s.get("/health", headers={"Authorization": "Bearer wrong"})[0], 200)
             code, body = s.post("/v1/completions", greedy(2))
             self.assertEqual(code, 200, body)
+
+
+class ModelResolution(unittest.TestCase):
+    def test_a_repo_id_is_found_in_the_hub_cache_and_a_miss_says_where_it_looked(self):
+        with tempfile.TemporaryDirectory() as cache:
+            repo = os.path.join(cache, "models--moonshotai--Kimi-Tiny")
+            os.makedirs(os.path.join(repo, "refs"))
+            os.makedirs(os.path.join(repo, "snapshots"))
+            with open(os.path.join(repo, "refs", "main"), "w") as f:
+                f.write("0123abcd")
+            os.symlink(TINY_MODEL, os.path.join(repo, "snapshots", "0123abcd"))
+            with Server(model="moonshotai/Kimi-Tiny", env={"HF_HUB_CACHE": cache}) as s:
+                _, models = s.get("/v1/models")
+                self.assertEqual(models["data"][0]["id"], "moonshotai/Kimi-Tiny")
+                self.assertEqual(s.post("/v1/completions", greedy(2))[0], 200)
+            missing = subprocess.run([helixlm_binary(), "serve", "-m", "moonshotai/Not-Here", "--port", "1"],
+                                     env=dict(os.environ, HF_HUB_CACHE=cache), capture_output=True, text=True,
+                                     timeout=60)
+            self.assertNotEqual(missing.returncode, 0)
+            self.assertIn(os.path.join(cache, "models--moonshotai--Not-Here"), missing.stderr)
 
 
 if __name__ == "__main__":
