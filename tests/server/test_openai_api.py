@@ -3,11 +3,12 @@ completions and chat, streaming and not, usage, stop strings and stop ids, sampl
 tokenize / detokenize. The model is random, so expectations are relations the server must keep (a
 stream carries exactly the non-streamed answer; a stop string cuts the text right before its first
 occurrence; ...), computed from the server's own greedy output."""
+import subprocess
 import unittest
 
 import openai
 
-from server_harness import Server
+from server_harness import TINY_MODEL, Server, helixlm_binary
 
 NAME = "kimi-tiny"
 PROMPT = [5, 17, 300, 41, 7]
@@ -168,6 +169,15 @@ class Text(unittest.TestCase):
         self.assertIn(r.choices[0].finish_reason, ("length", "stop", "tool_calls"))
         with self.assertRaises(openai.BadRequestError):
             chat(max_tokens=4, tools=tools, tool_choice="required")
+
+    def test_helixlm_chat_answers_as_the_server_does(self):
+        whole = chat(max_tokens=12, **GREEDY).choices[0].message
+        reasoning = (whole.model_extra or {}).get("reasoning_content")
+        expected = (f"[{reasoning}]" if reasoning else "") + (whole.content or "")
+        run = subprocess.run([helixlm_binary(), "chat", "-m", TINY_MODEL, "-n", "12"], input="Hello there\n",
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertEqual(run.stdout, expected + "\n")
 
 
 if __name__ == "__main__":
