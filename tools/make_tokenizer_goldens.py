@@ -146,6 +146,12 @@ def gpt2_byte_order():
     return printable + [b for b in range(256) if b not in printable]
 
 
+def write_cases(path, cases):
+    """A JSON array with one case per line."""
+    with open(path, "w") as f:
+        f.write("[\n" + ",\n".join(json.dumps(c, ensure_ascii=False) for c in cases) + "\n]\n")
+
+
 def fnv1a32(ids):
     h = 0x811C9DC5
     for b in struct.pack(f"<{len(ids)}i", *ids):
@@ -257,9 +263,7 @@ def make_kimi_sparse(shared):
         got = kimi_encode(enc, text, allow)
         assert got == ids, f"tiktoken gives {got} for {text!r}, the published ids are {ids}"
         expected.append({"text": text, "allow_special": allow, "ids": got})
-    with open(os.path.join(out, "expected.json"), "w") as f:
-        json.dump(expected, f, indent=1, ensure_ascii=False)
-        f.write("\n")
+    write_cases(os.path.join(out, "expected.json"), expected)
     print(f"kimi_sparse: {len(ranks)} ranks, {len(expected)} expected encodings agree with tiktoken")
     # K3's control tokens (unconfirmed ids, ../shared/tokenizer) over the same ranks, for the K3 format.
     k3 = os.path.join(FIXTURES, "k3_sparse")

@@ -143,6 +143,25 @@ TEST(StreamDecoder, ConcatenationEqualsRepairedDecode) {
   }
 }
 
+TEST(Tokenizer, TinyModelTokenizerFitsItsVocabulary) {
+  const std::string dir = kFixtures + "/kimi-tiny-dense-first";  // models/kimi-linear-tiny
+  const Tokenizer tok = Tokenizer::load(dir);
+  std::ifstream config_file(dir + "/config.json");
+  const auto config = nlohmann::json::parse(config_file);
+  EXPECT_EQ(tok.vocab_size(), config["vocab_size"].get<int64_t>());
+  EXPECT_EQ(tok.bos_id(), config["bos_token_id"].get<int32_t>());
+  EXPECT_EQ(tok.special_id("[EOS]"), config["eos_token_id"].get<int32_t>());
+  EXPECT_EQ(tok.special_id("[PAD]"), config["pad_token_id"].get<int32_t>());
+  std::ifstream in(kFixtures + "/tokenizer/tiny_expected.json");  // ids from pip tiktoken
+  for (const auto& c : nlohmann::json::parse(in)) {
+    const auto text = c["text"].get<std::string>();
+    const std::vector<int32_t> ids = tok.encode(text, c["allow_special"].get<bool>());
+    EXPECT_EQ(ids, c["ids"].get<std::vector<int32_t>>()) << text;
+    EXPECT_EQ(tok.decode(ids), text);
+  }
+  for (int32_t id = 0; id < tok.vocab_size(); ++id) EXPECT_TRUE(tok.contains(id)) << id;
+}
+
 // Writes a tokenizer directory with the given files and returns the error that loading it raises.
 std::string load_error(const std::string& name, const std::string& model, const std::string& config) {
   const std::string dir = kScratch + "/" + name;
