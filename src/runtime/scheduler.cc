@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "base/log.h"
+#include "base/error.h"
 
 namespace hlm {
 
