@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
 """Fixed-load benchmark of `helixlm serve`: C clients, each sending streaming /v1/completions requests
 back to back (prompt of P random token ids, exactly O generated tokens: ignore_eos), N requests in all.
-Reports requests/s, generated tokens/s, time to first token (TTFT) and inter-token latency (ITL)
-percentiles, measured on the client from the SSE stream. Starts the server on the bundled tiny model
-unless --url points at a running one. Loopback only; the request count bounds the run.
+Reports requests/s, generated tokens/s, and time to first token (TTFT) and inter-token latency (ITL)
+percentiles twice: on the client, from the arrival of SSE chunks (what a client sees, including its own
+delays: a Python client reading a fast model falls behind and then reads tokens in bursts), and on the
+server, from the delta of its /metrics histograms over the run (timed at the engine step that made each
+token; percentiles interpolated within buckets as Prometheus' histogram_quantile does). Starts the server
+on the bundled tiny model unless --url points at a running one. Loopback only; the request count bounds
+the run.
 
   tools/load_test.py --concurrency 8 --requests 64 --prompt-len 128 --output-len 64
 """
@@ -28,6 +32,37 @@ def percentile(values, p):
     k = (len(s) - 1) * p / 100.0
     lo, hi = int(k), min(int(k) + 1, len(s) - 1)
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def histograms(host, port):
+    """{metric: [(upper bound, cumulative count)]} of the server's /metrics histograms."""
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    out = {}
+    for line in text.splitlines():
+        if "_bucket{le=" in line:
+            name, rest = line.split("_bucket{le=\"", 1)
+            le, value = rest.split("\"} ")
+            out.setdefault(name, []).append((float("inf") if le == "+Inf" else float(le), float(value)))
+    return out
+
+
+def histogram_quantile(before, after, q):
+    """q-quantile of the observations made between two scrapes of one histogram."""
+    buckets = [(le, a - b) for (le, a), (_, b) in zip(after, before)]
+    total = buckets[-1][1]
+    if total == 0:
+        return float("nan")
+    rank, lower, prev = q * total, 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if le == float("inf"):
+                return lower
+            return lower + (le - lower) * (rank - prev) / max(count - prev, 1e-12)
+        lower, prev = le, count
+    return lower
 
 
 def one_request(host, port, body):
@@ -86,6 +121,7 @@ def main():
               for _ in range(args.requests)]
     # One warm-up request, outside the measurement.
     one_request(host, port, dict(bodies[0], max_tokens=2))
+    before = histograms(host, port)
 
     results, errors, lock = [], [], threading.Lock()
     queue = list(range(args.requests))
@@ -111,6 +147,7 @@ def main():
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
+    after = histograms(host, port)
     if server:
         server.__exit__(None, None, None)
 
@@ -123,6 +160,10 @@ def main():
         "requests_per_s": round(len(results) / wall, 3), "output_tokens_per_s": round(tokens / wall, 1),
         "ttft_ms_p50": round(percentile(ttft, 50), 2), "ttft_ms_p99": round(percentile(ttft, 99), 2),
         "itl_ms_p50": round(percentile(itl, 50), 2), "itl_ms_p99": round(percentile(itl, 99), 2),
+        **{f"server_{short}_ms_p{q}": round(1e3 * histogram_quantile(before[name], after[name], q / 100), 3)
+           for short, name in (("ttft", "helixlm:time_to_first_token_seconds"),
+                               ("itl", "helixlm:inter_token_latency_seconds"))
+           for q in (50, 99)},
         "e2e_s_mean": round(statistics.mean(r[3] for r in results), 3) if results else None,
     }
     print(json.dumps(report, indent=1))

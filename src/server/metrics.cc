@@ -29,11 +29,13 @@ std::string Histogram::render(const std::string& name) const {
 
 namespace {
 
-// Seconds; vLLM's bucket edges, which cover CPU test models and GPU serving alike.
-const std::vector<double> kTtftBounds = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25, 0.5,
-                                         0.75,  1.0,   2.5,  5.0,  7.5,  10.0, 20.0, 40.0, 80.0};
-const std::vector<double> kItlBounds = {0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15,
-                                        0.2,   0.3,   0.4,  0.5,   0.75, 1.0,   2.5, 5.0};
+// Seconds: vLLM's edges, plus sub-millisecond ones that the CPU test models need.
+const std::vector<double> kTtftBounds = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02,
+                                         0.04,   0.06,    0.08,   0.1,   0.25,   0.5,   0.75, 1.0,
+                                         2.5,    5.0,     7.5,    10.0,  20.0,   40.0,  80.0};
+const std::vector<double> kItlBounds = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                        0.025,  0.05,    0.075,  0.1,   0.15,   0.2,   0.3,
+                                        0.4,    0.5,     0.75,   1.0,   2.5,    5.0};
 const std::vector<double> kE2eBounds = {0.3, 0.5,  0.8,  1.0,  1.5,  2.0,  2.5,
                                         5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0};
 
