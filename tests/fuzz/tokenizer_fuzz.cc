@@ -22,7 +22,8 @@ void check(bool ok) {
 }
 
 void fuzz_text(std::string_view text, bool allow_special) {
-  static const hlm::Tokenizer tok = hlm::Tokenizer::load(std::string(HLM_FIXTURES_DIR) + "/kimi-tiny-dense-first");
+  static const hlm::Tokenizer tok =
+      hlm::Tokenizer::load(std::string(HLM_FIXTURES_DIR) + "/kimi-tiny-dense-first");
   const std::vector<int32_t> ids = tok.encode(text, allow_special);
   const std::string valid = hlm::to_valid_utf8(text);
   check(tok.decode(ids) == valid);
