@@ -168,7 +168,8 @@ void render_k3(PromptBuilder& out, const std::vector<ChatMessage>& messages,
     // Sorted keys at every level: nlohmann::json's own order.
     out.text(
         "# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n" +
-        nlohmann::json::parse(tools.dump()).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+        nlohmann::json::parse(tools.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace))
+            .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
         "\n```");
     end_message(out);
   }

@@ -71,7 +71,8 @@ ChatTemplate::ChatTemplate(const Tokenizer& tok, ChatFormat format, std::string 
 
 std::vector<int32_t> ChatTemplate::render(const std::vector<ChatMessage>& messages,
                                           const nlohmann::json& tools, bool add_generation_prompt) const {
-  return render_ordered(messages, nlohmann::ordered_json::parse(tools.dump()), add_generation_prompt);
+  const std::string text = tools.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return render_ordered(messages, nlohmann::ordered_json::parse(text), add_generation_prompt);
 }
 
 namespace {

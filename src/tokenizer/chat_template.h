@@ -10,7 +10,7 @@
 //   <|im_system|>tool<|im_middle|>## Return of {tool_call_id}\n…<|im_end|>
 //   generation prompt <|im_assistant|>assistant<|im_middle|>; a message's `name` replaces the role word.
 // kK3 (Kimi K3 "XTML"): <|open|>message role="user"<|sep|>…<|close|>message<|sep|><|end_of_msg|>, with
-//   think/response/tools channels in assistant turns (docs/architecture.md has the whole grammar).
+//   think/response/tools channels in assistant turns (chat_k3.cc describes the whole grammar).
 #pragma once
 
 #include <cstdint>

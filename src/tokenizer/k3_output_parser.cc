@@ -7,8 +7,6 @@
 // they do not parse), written as Python's json.dumps does; a <|open|>json…<|sep|> block is taken as the
 // arguments text itself. Attribute values are unescaped (&quot; then &amp;). Structural markers outside
 // the channels (<|close|>message<|sep|>, <|end_of_msg|>) are dropped.
-#include <regex>
-
 #include "tokenizer/channel_parser.h"
 #include "tokenizer/prompt_builder.h"
 
@@ -40,10 +38,20 @@ std::string unescape_attr(std::string v) {
   return v;
 }
 
+// The value of `key` among the head's `name="value"` attributes (unescaped), or "". Values never hold a
+// '"' (the template escapes it), so the attributes are read left to right.
 std::string attr(const std::string& head, const std::string& key) {
-  static const std::regex kAttr(R"re((\w+)="([^"]*)")re");
-  for (auto it = std::sregex_iterator(head.begin(), head.end(), kAttr); it != std::sregex_iterator(); ++it) {
-    if ((*it)[1] == key) return unescape_attr((*it)[2]);
+  size_t i = 0;
+  while (i < head.size()) {
+    i = head.find_first_not_of(" \t\r\n", i);
+    if (i == std::string::npos) return "";
+    const size_t eq = head.find('=', i);
+    if (eq == std::string::npos || eq + 1 >= head.size() || head[eq + 1] != '"') return "";
+    const size_t close = head.find('"', eq + 2);
+    if (close == std::string::npos) return "";
+    if (std::string_view(head).substr(i, eq - i) == key)
+      return unescape_attr(head.substr(eq + 2, close - eq - 2));
+    i = close + 1;
   }
   return "";
 }

@@ -3,10 +3,8 @@
 // tool-call section); calls are
 //   <|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>
 //   {"city": "Beijing"}<|tool_call_end|>…<|tool_calls_section_end|>
-// The call id is kept as the model wrote it; the name comes from it by ^(?:functions\.)?([\w.]+):(\d+)$
-// (else the id without a `functions.` prefix and `:n` suffix). Arguments are the JSON text, trimmed.
-#include <regex>
-
+// The call id is kept as the model wrote it; the name is the id without its `functions.` prefix and `:n`
+// suffix (what ^(?:functions\.)?([\w.]+):(\d+)$ captures). Arguments are the JSON text, trimmed.
 #include "tokenizer/channel_parser.h"
 
 namespace hlm {
@@ -27,13 +25,16 @@ std::string trim(std::string_view s) {
   return std::string(s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1));
 }
 
+// The name in `functions.{name}:{index}`: the id without the `functions.` prefix and the `:{digits}`
+// suffix (either may be missing).
 std::string name_from_id(const std::string& id) {
-  static const std::regex kId(R"(^(?:functions\.)?([\w.]+):(\d+)$)");
-  std::smatch m;
-  if (std::regex_match(id, m, kId)) return m[1];
   std::string name = id.rfind("functions.", 0) == 0 ? id.substr(10) : id;
   const size_t colon = name.rfind(':');
-  return colon == std::string::npos ? name : name.substr(0, colon);
+  if (colon != std::string::npos && colon + 1 < name.size() &&
+      name.find_first_not_of("0123456789", colon + 1) == std::string::npos) {
+    name.resize(colon);
+  }
+  return name;
 }
 
 class KimiOutputParser : public OutputParser::Impl {

@@ -10,8 +10,9 @@
 //   <|open|>call tool="f" index="1"<|sep|>(<|open|>argument key="k" type="t"<|sep|>v<|close|>argument
 //   <|sep|>)*<|close|>call<|sep|>, and become JSON arguments (strings raw, other types parsed).
 //
-// Tool calls are reported once complete (the whole call in one delta). Push text without the stop token
-// (<|im_end|> / <|end_of_msg|>).
+// Tool calls are reported once complete (the whole call in one delta), with ids `functions.{name}:{n}`
+// (Kimi Linear: the id the model wrote). Push text without the stop token (<|im_end|> / <|end_of_msg|>);
+// K3's structural markers after the response (<|close|>message<|sep|>, <|end_of_msg|>) are dropped.
 #pragma once
 
 #include <memory>
@@ -32,8 +33,10 @@ struct ParsedDelta {
 class OutputParser {
  public:
   // parse_tools: recognize tool calls (otherwise their text is content). parse_reasoning: split
-  // reasoning from content (otherwise reasoning text is content, markers removed); for K3 it also says
-  // that the generation prompt opened the think channel (ChatTemplate::generation_starts_in_reasoning()).
+  // reasoning from content; without it Kimi Linear's <think>...</think> stays in content as generated and
+  // K3's think channel text goes to content (its markers removed). For K3 it also says that the
+  // generation prompt opened the think channel (ChatTemplate::generation_starts_in_reasoning()).
+  // A call cut short by the end of generation is returned as content text by finish().
   OutputParser(ChatFormat format, bool parse_tools, bool parse_reasoning);
   ~OutputParser();
   OutputParser(OutputParser&&) noexcept;

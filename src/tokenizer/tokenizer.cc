@@ -23,9 +23,16 @@ constexpr size_t kMaxRunChars = 25000;
 
 enum class Kind : uint8_t { kAbsent, kRank, kAdded, kSpecial };
 
-// Python's str.isspace (CPython 3.11, Unicode 14): the runs above are cut by it, not by White_Space.
-bool python_isspace(char32_t c) {
-  if (c < 0x80) return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20);
+// Length of the UTF-8 sequence that lead byte `b` starts (the text is valid UTF-8 here).
+size_t sequence_length(unsigned char b) { return b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4; }
+
+// Python's str.isspace (CPython 3.11, Unicode 14) of the character at s[i], `len` bytes long: the runs
+// above are cut by it, not by White_Space. Only lead bytes C2, E1, E2 and E3 start a non-ASCII space.
+bool python_isspace_at(std::string_view s, size_t i, size_t len) {
+  const auto b0 = static_cast<unsigned char>(s[i]);
+  if (len == 1) return (b0 >= 0x09 && b0 <= 0x0D) || (b0 >= 0x1C && b0 <= 0x20);
+  if (b0 != 0xC2 && (b0 < 0xE1 || b0 > 0xE3)) return false;
+  const char32_t c = utf8_decode_at(s.substr(i, len), nullptr);
   return c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 ||
          c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
@@ -99,9 +106,8 @@ struct Tokenizer::Impl {
     size_t run_len = 0, slice_start = 0, i = 0;
     bool run_is_space = false;
     while (i < s.size()) {
-      size_t len = 1;
-      const char32_t c = static_cast<unsigned char>(s[i]) < 0x80 ? s[i] : utf8_decode_at(s.substr(i), &len);
-      const bool is_space = python_isspace(c);
+      const size_t len = sequence_length(static_cast<unsigned char>(s[i]));
+      const bool is_space = python_isspace_at(s, i, len);
       if (i == 0) run_is_space = is_space;
       if (run_is_space != is_space) {
         run_len = 1;
@@ -199,17 +205,15 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool allow_special
     impl_->encode_run(text, allow_special, out);
     return out;
   }
-  size_t chunk_start = 0, chars = 0, i = 0;
-  while (i < text.size()) {
-    size_t len = 1;
-    if (static_cast<unsigned char>(text[i]) >= 0x80) utf8_decode_at(text.substr(i), &len);
+  size_t chunk_start = 0, chars = 0;
+  for (size_t i = 0; text.size() > kMaxEncodeChars && i < text.size();
+       i += sequence_length(static_cast<unsigned char>(text[i]))) {
     if (chars == kMaxEncodeChars) {
       impl_->encode_chunk(text.substr(chunk_start, i - chunk_start), allow_special, out);
       chunk_start = i;
       chars = 0;
     }
     ++chars;
-    i += len;
   }
   impl_->encode_chunk(text.substr(chunk_start), allow_special, out);
   return out;

@@ -131,7 +131,7 @@ TokenizerConfig parse_tokenizer_config(std::string_view text, const std::string&
   nlohmann::json doc;
   try {
     doc = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse errors, and numbers out of range
     HLM_FAIL("{}: invalid JSON: {}", source, e.what());
   }
   HLM_CHECK(doc.is_object(), "{}: expected a JSON object at the top level", source);

@@ -90,6 +90,23 @@ TEST(KimiOutputParser, ToolCallsAndContent) {
   expect_call(p.calls[1], "functions.get_time:1", "get_time", "{}");
 }
 
+TEST(KimiOutputParser, NamesFromIds) {
+  const std::vector<std::pair<std::string, std::string>> cases = {{"functions.get_weather:0", "get_weather"},
+                                                                  {"get_weather:3", "get_weather"},
+                                                                  {"functions.a.b:12", "a.b"},
+                                                                  {"plain", "plain"},
+                                                                  {"f:x", "f:x"},
+                                                                  {"functions.f", "f"}};
+  for (const auto& [id, name] : cases) {
+    const Parsed p =
+        parse_chunks(ChatFormat::kKimiLinear, true, false,
+                     {"<|tool_calls_section_begin|><|tool_call_begin|>" + id +
+                      "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>"});
+    ASSERT_EQ(p.calls.size(), 1u) << id;
+    expect_call(p.calls[0], id, name, "{}");
+  }
+}
+
 TEST(KimiOutputParser, ReasoningSplit) {
   const Parsed p =
       parse_every_split(ChatFormat::kKimiLinear, true, true,
@@ -176,7 +193,7 @@ TEST(K3OutputParser, ChannelsAndToolCalls) {
       "<|open|>argument key=\"city\" type=\"string\"<|sep|>Bei \"jing\"<|close|>argument<|sep|>"
       "<|open|>argument key=\"days\" type=\"number\"<|sep|>3<|close|>argument<|sep|>"
       "<|open|>argument key=\"opts\" type=\"object\"<|sep|>{\"a\":[1,2]}<|close|>argument<|sep|>"
-      "<|close|>call<|sep|><|open|>call tool=\"a&amp;b\" index=\"2\"<|sep|><|open|>json "
+      "<|close|>call<|sep|><|open|>call index=\"2\" tool=\"a=b&amp;c\"<|sep|><|open|>json "
       "type=\"object\"<|sep|>"
       "{\"x\": 1}<|close|>json<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>";
   const Parsed p = parse_every_split(ChatFormat::kK3, true, true, out, kK3Markers);
@@ -185,7 +202,7 @@ TEST(K3OutputParser, ChannelsAndToolCalls) {
   ASSERT_EQ(p.calls.size(), 2u);
   expect_call(p.calls[0], "functions.get_weather:0", "get_weather",
               "{\"city\": \"Bei \\\"jing\\\"\", \"days\": 3, \"opts\": {\"a\": [1, 2]}}");
-  expect_call(p.calls[1], "functions.a&b:1", "a&b", "{\"x\": 1}");
+  expect_call(p.calls[1], "functions.a=b&c:1", "a=b&c", "{\"x\": 1}");
 }
 
 TEST(K3OutputParser, ResponseOnlyAndWithoutReasoning) {
