@@ -8,7 +8,7 @@
 
 namespace hlm {
 
-// level: "trace", "debug", "info", "warn", "error", "off".
+// level: "trace", "debug", "info", "warn", "error", "off"; anything else is an error naming --log-level.
 void init_logging(const std::string& level, int rank, int world_size);
 
 }  // namespace hlm

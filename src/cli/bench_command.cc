@@ -1,9 +1,9 @@
 // `helixlm bench`: decode latency and throughput at a chosen context length and batch size. Each repeat
 // prefills `batch` sequences of `context` random tokens, then times `steps` decode steps of the whole
-// batch; the report gives medians over all timed steps and repeats, and the ratio of the measured step
-// time to a physical floor: the bytes one decode step must move (this rank's weights as the backend holds
-// them, with only the routed experts a step can touch, plus each sequence's KV cache and KDA state) over
-// the memory bandwidth measured here by a large copy.
+// batch (prefilled in steps of at most --prefill-chunk tokens); the report gives medians over all timed steps
+// and repeats, and the ratio of the measured step time to a physical floor: the bytes one decode step must
+// move (this rank's weights as the backend holds them, with only the routed experts a step can touch, plus
+// each sequence's KV cache and KDA state) over the memory bandwidth measured here by a large copy.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -33,6 +33,7 @@ struct BenchArgs {
   int32_t batch = 1;
   int64_t steps = 32;
   int repeats = 3;
+  int64_t prefill_chunk = 512;
 };
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -55,35 +56,17 @@ double measure_bandwidth() {
   return median(rates);
 }
 
-// Bytes one decode step of `batch` sequences at `context` tokens must move on rank 0 (fp32 backend).
-double decode_step_bytes(const ModelConfig& cfg, const Mapping& m, int64_t context, int32_t batch,
-                         int64_t tokens_per_block) {
-  const RankWeightBytes w =
-      rank_weight_bytes(weight_layout(cfg), m, [](const WeightSpec&) { return DType::kF32; });
-  double bytes =
-      static_cast<double>(w.total - w.by_category[static_cast<size_t>(WeightCategory::kRoutedExperts)]);
-  if (cfg.num_moe_layers() > 0) {
-    // A step touches at most batch·k distinct experts per MoE layer, at least k (batch 1 touches exactly k).
-    const double expert_bytes =
-        3.0 * static_cast<double>(cfg.moe_intermediate_size * cfg.hidden_size) * 4 / m.moe_tp;
-    const double local = static_cast<double>(m.experts(cfg.num_experts).size());
-    const double touched = std::min(local, static_cast<double>(cfg.experts_per_token) * batch * local /
-                                               static_cast<double>(cfg.num_experts));
-    bytes += cfg.num_moe_layers() * std::max(touched, std::min(local, 1.0)) * expert_bytes;
-  }
-  const StateBytes s = state_bytes(cfg, m, 4, 4);
-  const Placement placement{tokens_per_block, m.cp};
-  bytes += static_cast<double>(batch) *
-           (static_cast<double>(placement.local_len(context, m.cp_rank()) * s.kv_per_token) +
-            2.0 * static_cast<double>(s.kda_recurrent + s.kda_conv));
-  return bytes;
-}
-
 int run_bench(const BenchArgs& a) {
-  HLM_CHECK(a.context > 0 && a.batch > 0 && a.steps > 0 && a.repeats > 0,
-            "--context, --batch, --steps and --repeats must be positive");
+  HLM_CHECK(a.context > 0 && a.batch > 0 && a.steps > 0 && a.repeats > 0 && a.prefill_chunk > 0,
+            "--context, --batch, --steps, --repeats and --prefill-chunk must be positive");
+  check_session_options(a.session);
   SessionOptions so = a.session;
+  if (a.batch >= so.engine.max_batch) so.batch_option = "--batch";
   so.engine.max_batch = std::max(so.engine.max_batch, a.batch);
+  so.length_option = "--context";
+  HLM_CHECK(a.context <= kMaxSeqLen - a.steps,
+            "--context {} + --steps {} exceeds the {} tokens a sequence may hold", a.context, a.steps,
+            kMaxSeqLen);
   Session s(so, a.context + a.steps);
   if (!s.is_driver()) {
     s.engine().serve();
@@ -96,26 +79,44 @@ int run_bench(const BenchArgs& a) {
   int64_t next_id = 0;
   for (int rep = 0; rep < a.repeats; ++rep) {
     std::vector<int64_t> ids;
-    StepPlan prefill;
-    for (int32_t b = 0; b < a.batch; ++b) {
-      ids.push_back(next_id++);
-      std::vector<int32_t> tokens(a.context);
-      for (int32_t& t : tokens) t = token(rng);
-      prefill.entries.push_back(StepEntry{ids.back(), true, false, std::move(tokens)});
-    }
+    for (int32_t b = 0; b < a.batch; ++b) ids.push_back(next_id++);
+    // Prefill in steps of at most --prefill-chunk tokens, as generate does: one step of batch x context
+    // tokens would need activations in proportion to it.
+    std::vector<int32_t> next(a.batch);  // each sequence's next input token
+    int32_t seq = 0;
+    int64_t sent = 0;  // tokens of `seq` already prefilled
     auto t = Clock::now();
-    std::vector<Tensor> logits = s.engine().step(prefill);
+    while (seq < a.batch) {
+      StepPlan prefill;
+      std::vector<int32_t> ends;  // per entry: the sequence whose prompt it completes, or -1
+      for (int64_t budget = a.prefill_chunk; seq < a.batch && budget > 0;) {
+        const int64_t n = std::min(budget, a.context - sent);
+        std::vector<int32_t> tokens(n);
+        for (int32_t& tok : tokens) tok = token(rng);
+        prefill.entries.push_back(StepEntry{ids[seq], sent == 0, false, std::move(tokens)});
+        sent += n;
+        budget -= n;
+        ends.push_back(sent == a.context ? seq : -1);
+        if (sent == a.context) {
+          ++seq;
+          sent = 0;
+        }
+      }
+      const std::vector<Tensor> logits = s.engine().step(prefill);
+      for (size_t i = 0; i < ends.size(); ++i) {
+        if (ends[i] >= 0) next[ends[i]] = argmax(logits[i].data<float>(), cfg.vocab_size);
+      }
+    }
     prefill_rates.push_back(static_cast<double>(a.context * a.batch) / seconds_since(t));
     for (int64_t step = 0; step < a.steps; ++step) {
       StepPlan decode;
-      for (size_t b = 0; b < ids.size(); ++b) {
-        decode.entries.push_back(
-            StepEntry{ids[b], false, false, {argmax(logits[b].data<float>(), cfg.vocab_size)}});
-      }
+      for (size_t b = 0; b < ids.size(); ++b)
+        decode.entries.push_back(StepEntry{ids[b], false, false, {next[b]}});
       if (step == a.steps - 1) decode.release = ids;
       t = Clock::now();
-      logits = s.engine().step(decode);
+      const std::vector<Tensor> logits = s.engine().step(decode);
       step_times.push_back(seconds_since(t));
+      for (size_t b = 0; b < ids.size(); ++b) next[b] = argmax(logits[b].data<float>(), cfg.vocab_size);
     }
     spdlog::info("bench: repeat {}/{} done", rep + 1, a.repeats);
   }
@@ -147,6 +148,9 @@ CommandRunner add_bench_command(CLI::App& app) {
   cmd->add_option("--batch", a->batch, "Sequences decoded together")->capture_default_str();
   cmd->add_option("--steps", a->steps, "Timed decode steps per repeat")->capture_default_str();
   cmd->add_option("--repeats", a->repeats, "Repeats")->capture_default_str();
+  cmd->add_option("--prefill-chunk", a->prefill_chunk,
+                  "Tokens per prefill step (the batch's prompts in chunks)")
+      ->capture_default_str();
   return [a] { return run_bench(*a); };
 }
 

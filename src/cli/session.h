@@ -25,15 +25,24 @@ struct SessionOptions {
   int64_t max_seq_len = 0;  // 0: what the command needs, or 4096
   bool warmup = true;
   EngineOptions engine;
+  // The options that sized the caches, for the error when they do not fit: the command's own option when
+  // it set the batch or the sequence length (bench: --batch, --context), else --max-batch / --max-seq-len.
+  std::string batch_option = "--max-batch";
+  std::string length_option = "--max-seq-len";
 };
 
 // Adds -m, --tp, --cp, --moe-ep, --moe-tp, --threads, --tokens-per-block, --max-batch, --max-seq-len.
 void add_session_options(CLI::App& cmd, SessionOptions& o);
 
+// Range checks of the options as the user gave them (before a command adjusts them), naming the option.
+void check_session_options(const SessionOptions& o);
+
 class Session {
  public:
   // Loads the model for this rank. `max_seq_len_hint` sizes the page pool when --max-seq-len is not
-  // given (the CLI knows exactly how long its sequences get).
+  // given (the CLI knows exactly how long its sequences get). The caches are sized against the host
+  // memory available to this rank before any weight is read: a request that cannot fit is an error
+  // naming the options that sized it.
   Session(const SessionOptions& options, int64_t max_seq_len_hint);
   ~Session();
 

@@ -1,12 +1,14 @@
 // Memory planning from a config alone (docs/HELIX.md §11): per-rank weight bytes by category (the shard
-// plan's boxes times the stored dtypes), KV bytes per token, KDA state per sequence, and the exact
-// parameter count. `helixlm plan` prints these; a test checks the weight bytes against what a rank
-// actually reads from the checkpoint.
+// plan's boxes times the stored dtypes), KV bytes per token, KDA state per sequence, the exact parameter
+// count, and the caches an engine allocates, checked against the memory that exists before anything is
+// allocated. `helixlm plan` prints these; a test checks the weight bytes against what a rank actually
+// reads from the checkpoint.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "model/weight_layout.h"
 #include "parallel/placement.h"
@@ -39,7 +41,38 @@ struct StateBytes {
 // Per-rank state sizes for `mapping`, with `kv_bytes` / `conv_bytes` per stored value.
 StateBytes state_bytes(const ModelConfig& cfg, const Mapping& mapping, int64_t kv_bytes, int64_t conv_bytes);
 
-// MLA cache bytes rank r holds for one sequence of `global_len` tokens, in whole pages.
+// MLA cache bytes rank r holds for one sequence of `global_len` tokens, in whole pages. Throws if the
+// product overflows int64.
 int64_t kv_bytes_at(const StateBytes& s, const Placement& placement, int r, int64_t global_len);
+
+// MLA pages one rank needs to hold `max_batch` sequences of `max_seq_len` tokens (CP rank 0 holds the
+// most: lower ranks never hold fewer tokens). Throws beyond kMaxPagesPerRank (page ids are int32).
+int64_t pages_per_rank(const Placement& placement, int64_t max_batch, int64_t max_seq_len);
+
+// The caches an engine allocates on one rank: the MLA page pool and `max_batch` KDA state slots.
+struct CacheSize {
+  int64_t pages = 0;            // MLA pages of tokens_per_block tokens
+  int64_t kv_pool_bytes = 0;    // the page pool, all MLA layers
+  int64_t kda_state_bytes = 0;  // conv window + recurrent state of every slot, all KDA layers
+  int64_t total() const { return kv_pool_bytes + kda_state_bytes; }
+};
+
+// Sizes the caches for `mapping`'s rank with `kv_bytes` / `conv_bytes` per stored value (the CPU backend
+// holds both as fp32; the recurrent state is fp32 everywhere). Overflow is an error, never a wrap.
+CacheSize cache_size(const ModelConfig& cfg, const Mapping& mapping, int64_t tokens_per_block,
+                     int64_t max_batch, int64_t max_seq_len, int64_t kv_bytes, int64_t conv_bytes);
+
+// Throws unless `need` fits in `available` bytes. The error says what sized the caches (`sized_by`, e.g.
+// "--max-batch 8 sequences of --max-seq-len 4096 tokens"), the bytes by cache, the memory available and
+// where that figure comes from (`memory`, e.g. "host memory (MemAvailable)"), and what to lower (`remedy`).
+void check_cache_fits(const CacheSize& need, int64_t available, const std::string& memory,
+                      const std::string& sized_by, const std::string& remedy);
+
+// Bytes one decode step of `batch` sequences at `context` tokens must move on `m`'s rank when every
+// weight and cache value is held as fp32 (the CPU backend): the weights, of the routed experts only those
+// a step can touch (each expert's three matrices over its input width: hidden, or the latent width of a
+// latent MoE), plus each sequence's KV cache read and its KDA state read and written.
+double decode_step_bytes(const ModelConfig& cfg, const Mapping& m, int64_t context, int64_t batch,
+                         int64_t tokens_per_block);
 
 }  // namespace hlm

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "base/log.h"
+#include "runtime/logits_guard.h"
 
 namespace hlm {
 
@@ -16,12 +17,13 @@ struct Running {
   bool done = false;
   std::vector<int32_t> output;
   Sampler sampler;
+  std::string error;
 };
 
 }  // namespace
 
-std::vector<std::vector<int32_t>> generate(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                                           const GenerateOptions& o) {
+std::vector<Generation> generate(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                                 const GenerateOptions& o) {
   validate(o.sampling);
   HLM_CHECK(o.step_tokens > 0, "--prefill-chunk must be positive (got {})", o.step_tokens);
   HLM_CHECK(o.max_new_tokens >= 0, "-n must be >= 0 (got {})", o.max_new_tokens);
@@ -35,8 +37,15 @@ std::vector<std::vector<int32_t>> generate(Engine& engine, const std::vector<std
       HLM_CHECK(t >= 0 && t < cfg.vocab_size, "prompt {}: token id {} is outside the vocabulary [0, {})", i,
                 t, cfg.vocab_size);
     }
-    seqs.push_back(Running{
-        static_cast<int64_t>(i), &prompts[i], 0, false, o.max_new_tokens == 0, {}, Sampler(o.sampling, i)});
+    seqs.push_back(Running{static_cast<int64_t>(i),
+                           &prompts[i],
+                           0,
+                           false,
+                           o.max_new_tokens == 0,
+                           {},
+                           Sampler(o.sampling, i),
+                           {}});
+    if (seqs.back().done && o.on_done) o.on_done(i);
   }
 
   auto is_eos = [&](int32_t t) {
@@ -44,6 +53,7 @@ std::vector<std::vector<int32_t>> generate(Engine& engine, const std::vector<std
            std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), t) != cfg.eos_token_ids.end();
   };
   for (;;) {
+    if (o.stop_requested && o.stop_requested()) break;
     StepPlan plan;
     std::vector<Running*> members;
     int64_t budget = o.step_tokens;
@@ -72,9 +82,19 @@ std::vector<std::vector<int32_t>> generate(Engine& engine, const std::vector<std
     for (size_t i = 0; i < members.size(); ++i) {
       Running& s = *members[i];
       if (s.prefilled < static_cast<int64_t>(s.prompt->size())) continue;  // mid-prompt chunk
-      const int32_t t = s.sampler.sample(logits[i][0]);
-      s.output.push_back(t);
-      if (static_cast<int64_t>(s.output.size()) >= o.max_new_tokens || is_eos(t)) s.done = true;
+      const Tensor row = logits[i][0];
+      s.error = non_finite_logits(row);
+      if (!s.error.empty()) {
+        s.error =
+            fmt::format("step {} of its generation gave non-finite logits: {}", s.output.size() + 1, s.error);
+        s.done = true;
+      } else {
+        const int32_t t = s.sampler.sample(row);
+        s.output.push_back(t);
+        if (o.on_token) o.on_token(static_cast<size_t>(s.id), t);
+        if (static_cast<int64_t>(s.output.size()) >= o.max_new_tokens || is_eos(t)) s.done = true;
+      }
+      if (s.done && o.on_done) o.on_done(static_cast<size_t>(s.id));
     }
     // Finished sequences give their slot and pages back with the next step.
     StepPlan release;
@@ -83,8 +103,14 @@ std::vector<std::vector<int32_t>> generate(Engine& engine, const std::vector<std
     }
     if (!release.release.empty()) engine.step(release);
   }
-  std::vector<std::vector<int32_t>> out;
-  for (Running& s : seqs) out.push_back(std::move(s.output));
+  // Interrupted: the unfinished sequences still hold a slot and pages on every rank.
+  StepPlan release;
+  for (Running& s : seqs) {
+    if (s.started && !s.done) release.release.push_back(s.id);
+  }
+  if (!release.release.empty()) engine.step(release);
+  std::vector<Generation> out;
+  for (Running& s : seqs) out.push_back(Generation{std::move(s.output), std::move(s.error)});
   return out;
 }
 
