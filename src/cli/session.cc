@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <charconv>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
@@ -31,6 +32,9 @@ void add_session_options(CLI::App& cmd, SessionOptions& o) {
   cmd.add_option("--max-batch", o.engine.max_batch, "Sequences held at once")->capture_default_str();
   cmd.add_option("--max-seq-len", o.max_seq_len,
                  "Tokens per sequence the KV cache is sized for (default: what the command needs)");
+  cmd.add_option("--comm-timeout", o.comm_timeout,
+                 "Seconds a rank waits for its peers in one collective before ending the job")
+      ->capture_default_str();
   cmd.add_flag("!--no-warmup", o.warmup, "Skip the start-up warmup step");
 }
 
@@ -53,6 +57,7 @@ std::vector<int32_t> parse_ids(const std::string& text, const char* flag) {
 }
 
 void check_session_options(const SessionOptions& o) {
+  HLM_CHECK(o.comm_timeout > 0, "--comm-timeout must be positive (got {})", o.comm_timeout);
   HLM_CHECK(o.threads >= 0, "--threads must be >= 0 (0: cores / ranks), got {}", o.threads);
   HLM_CHECK(o.engine.max_batch > 0, "--max-batch must be positive (got {})", o.engine.max_batch);
   HLM_CHECK(o.max_seq_len >= 0 && o.max_seq_len <= kMaxSeqLen,
@@ -141,9 +146,17 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
   check_caches_fit_host(config_, mapping, o, eo);
   comm_ = world > 1 ? make_mpi_comm(mapping) : make_single_comm();
   set_threads(o.threads, world);
+  const auto load_start = std::chrono::steady_clock::now();
   checkpoint_ = std::make_unique<Checkpoint>(o.model_dir);
   ops_ = make_cpu_ops();
   model_ = std::make_unique<Model>(config_, mapping, *ops_, *comm_, *checkpoint_);
+  // Ranks finish loading at different times and the first collective waits for the slowest. It may wait
+  // as long again as this rank's own load took, on top of --comm-timeout: peers read shards of the same
+  // size from the same kind of storage, while a stalled one never arrives.
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  comm_->set_timeout(o.comm_timeout + load_s);
+  comm_->barrier();
+  comm_->set_timeout(o.comm_timeout);
   engine_ = std::make_unique<Engine>(*model_, *comm_, eo);
   if (o.warmup) engine_->warmup();
 }

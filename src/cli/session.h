@@ -24,6 +24,10 @@ struct SessionOptions {
   int threads = 0;          // 0: the machine's cores divided among the ranks on it
   int64_t max_seq_len = 0;  // 0: what the command needs, or 4096
   bool warmup = true;
+  // Seconds a rank waits in one collective before it ends the job naming the ranks that did not answer.
+  // No legitimate wait comes near it: a collective waits only for the peers' work since the previous
+  // one (a layer of a step; between steps, rank 0's scheduling); weight loading gets its own allowance.
+  double comm_timeout = 600;
   EngineOptions engine;
   // The options that sized the caches, for the error when they do not fit: the command's own option when
   // it set the batch or the sequence length (bench: --batch, --context), else --max-batch / --max-seq-len.
@@ -31,7 +35,8 @@ struct SessionOptions {
   std::string length_option = "--max-seq-len";
 };
 
-// Adds -m, --tp, --cp, --moe-ep, --moe-tp, --threads, --tokens-per-block, --max-batch, --max-seq-len.
+// Adds -m, --tp, --cp, --moe-ep, --moe-tp, --threads, --tokens-per-block, --max-batch, --max-seq-len,
+// --comm-timeout, --no-warmup.
 void add_session_options(CLI::App& cmd, SessionOptions& o);
 
 // Range checks of the options as the user gave them (before a command adjusts them), naming the option.
