@@ -54,6 +54,12 @@ nlohmann::json golden(const std::string& dir) { return nlohmann::json::parse(slu
 
 std::string ids_csv(const std::vector<int32_t>& ids) { return fmt::format("{}", fmt::join(ids, ",")); }
 
+// A command line and a part of the error it must print.
+struct ErrorCase {
+  std::string args;
+  std::string message;
+};
+
 // A copy of the tiny model under the scratch directory whose model.safetensors `edit` may change: the
 // header as JSON and the data section as bytes (offsets stay the editor's business).
 std::string edited_model(const std::string& name,
@@ -143,11 +149,7 @@ TEST(Cli, LogitsWritesEveryPositionThroughPrefillAndDecode) {
 }
 
 TEST(Cli, ErrorsNameTheProblemAndExitNonZero) {
-  struct Case {
-    std::string args;
-    std::string message;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<ErrorCase> cases = {
       {"generate -m /nonexistent --prompt-ids 1", "model directory '/nonexistent' not found"},
       {"generate -m " + kTiny + " --prompt-ids 1,x,3", "--prompt-ids: 'x' is not a token id"},
       {"generate -m " + kTiny + " --prompt-ids 1,99999", "outside the vocabulary [0, 512)"},
@@ -158,7 +160,7 @@ TEST(Cli, ErrorsNameTheProblemAndExitNonZero) {
        "--prefill-len 3 exceeds the 2 ids"},
       {"inspect -m " + kFixtures, "config.json"},
   };
-  for (const Case& c : cases) {
+  for (const ErrorCase& c : cases) {
     const Result r = run(kBin + " " + c.args);
     EXPECT_NE(r.code, 0) << c.args;
     EXPECT_NE(r.err.find("helixlm: error: "), std::string::npos) << c.args << "\n" << r.err;
@@ -257,12 +259,8 @@ TEST(Cli, OneRanksErrorEndsEveryRank) {
 // cache_write), were never checked against memory (OOM killer, bad_alloc, hangs), and plan printed
 // negative totals. Each now fails at once with the option named.
 TEST(Cli, OversizedRequestsFailFastNamingTheOption) {
-  struct Case {
-    std::string args;
-    std::string message;
-  };
   const std::string gen = "generate -m " + kTiny + " --prompt-ids 5,17,300 ";
-  const std::vector<Case> cases = {
+  const std::vector<ErrorCase> cases = {
       {gen + "-n 4 --max-batch 1 --tokens-per-block 115292150460684698 --max-seq-len 115292150460684698 "
              "--no-warmup",
        "--max-seq-len must be in [1, 2147483647]"},
@@ -278,7 +276,7 @@ TEST(Cli, OversizedRequestsFailFastNamingTheOption) {
       {"bench -m " + kTiny + " --batch 100000 --context 64",
        "the caches for 100000 sequences (--batch) of 96 tokens (--context) need 5.48 GiB"},
   };
-  for (const Case& c : cases) {
+  for (const ErrorCase& c : cases) {
     // 1 GB of host memory, as a smaller machine would have: the bench case needs 5.5 GB of caches.
     const Result r = run("env HLM_HOST_MEMORY_BYTES=1000000000 " + kBin + " " + c.args, 30);
     EXPECT_EQ(r.code, 1) << c.args << "\n" << r.err;
@@ -296,12 +294,8 @@ TEST(Cli, OversizedRequestsFailFastNamingTheOption) {
 
 // Regression (issue 12, defect 6): options and inputs that used to be accepted silently.
 TEST(Cli, SilentAcceptancesAreErrors) {
-  struct Case {
-    std::string args;
-    std::string message;
-  };
   const std::string gen = "generate -m " + kTiny + " --prompt-ids 5 ";
-  const std::vector<Case> cases = {
+  const std::vector<ErrorCase> cases = {
       {"--log-level bogus inspect -m " + kTiny, "--log-level 'bogus' is not one of trace"},
       {gen + "--max-seq-len -5", "--max-seq-len must be in [1, 2147483647] (or 0: what the command needs)"},
       {gen + "--max-batch 0", "--max-batch must be positive (got 0)"},
@@ -312,7 +306,7 @@ TEST(Cli, SilentAcceptancesAreErrors) {
       {"logits -m " + kTiny + " --ids 1,2 -o " + kScratch,
        "-o " + kScratch + ": cannot write there: Is a directory"},
   };
-  for (const Case& c : cases) {
+  for (const ErrorCase& c : cases) {
     const Result r = run(kBin + " " + c.args, 30);
     EXPECT_EQ(r.code, 1) << c.args << "\n" << r.err;
     EXPECT_NE(r.err.find("helixlm: error: " + c.message), std::string::npos) << c.args << "\n" << r.err;
