@@ -26,15 +26,17 @@ run() {  # target, then libFuzzer flags and seed directories
   local corpus=build-fuzz/corpus/$target
   mkdir -p "$corpus"
   echo "== $target (${seconds} s)"
+  rm -f build-fuzz/crash-* build-fuzz/leak-* build-fuzz/timeout-* build-fuzz/oom-*
   # New inputs go to the first directory (the corpus); the others are read-only seeds.
   "./build-fuzz/tests/fuzz/$target" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 \
     -artifact_prefix=build-fuzz/ -print_final_stats=1 "$corpus" "$@" >build-fuzz/$target.log 2>&1 || true
   grep -E "^stat::number_of_executed_units|^SUMMARY|ERROR" "build-fuzz/$target.log" || true
   # On a finding libFuzzer writes crash-*/leak-*/timeout-*/oom-* (with the report in the log).
-  if ls build-fuzz/crash-* build-fuzz/leak-* build-fuzz/timeout-* build-fuzz/oom-* >/dev/null 2>&1; then
-    tail -40 "build-fuzz/$target.log" >&2
-    echo "fuzz: $target found a failing input: $(ls build-fuzz/crash-* build-fuzz/leak-* build-fuzz/timeout-* \
-      build-fuzz/oom-* 2>/dev/null)" >&2
+  local findings
+  findings=$(shopt -s nullglob; echo build-fuzz/crash-* build-fuzz/leak-* build-fuzz/timeout-* build-fuzz/oom-*)
+  if [ -n "$findings" ]; then
+    grep -A30 -E "^==[0-9]+==|terminate called|deadly signal" "build-fuzz/$target.log" | head -60 >&2
+    echo "fuzz: $target found a failing input: $findings" >&2
     exit 1
   fi
 }

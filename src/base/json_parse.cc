@@ -7,6 +7,16 @@
 
 namespace hlm {
 
+namespace {
+
+// nlohmann's messages start with "[json.exception.<kind>.<id>] ": the id means nothing to a user.
+std::string_view without_id(std::string_view what) {
+  if (size_t id_end = what.find("] "); id_end != std::string_view::npos) what.remove_prefix(id_end + 2);
+  return what;
+}
+
+}  // namespace
+
 nlohmann::json parse_json(std::string_view text, const std::string& source) {
   using nlohmann::json;
   // The keys seen so far in each open object, innermost last.
@@ -36,9 +46,10 @@ nlohmann::json parse_json(std::string_view text, const std::string& source) {
   } catch (const json::parse_error& e) {
     // what() reads "[json.exception.parse_error.101] parse error at line 3, column 5: ..."; keep the part
     // after the exception id, which carries the position.
-    std::string_view what = e.what();
-    if (size_t id_end = what.find("] "); id_end != std::string_view::npos) what.remove_prefix(id_end + 2);
-    HLM_FAIL("{}: invalid JSON (byte {}): {}", source, e.byte, what);
+    HLM_FAIL("{}: invalid JSON (byte {}): {}", source, e.byte, without_id(e.what()));
+  } catch (const json::exception& e) {
+    // Not a syntax error but still bad input, e.g. a number beyond double's range (out_of_range.406).
+    HLM_FAIL("{}: invalid JSON: {}", source, without_id(e.what()));
   }
 }
 

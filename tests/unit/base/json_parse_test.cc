@@ -44,6 +44,16 @@ TEST(ParseJson, RefusesDuplicateKeys) {
             std::string::npos);
 }
 
+// Found by index_fuzz (input "[6e666663333"): a number beyond double's range is nlohmann's out_of_range, not
+// a parse_error, and escaped the parser as an uncaught exception.
+TEST(ParseJson, NumbersOutOfRangeAreErrors) {
+  EXPECT_NE(error_of("[6e666663333").find("x.json: invalid JSON: number overflow parsing '6e666663333'"),
+            std::string::npos)
+      << error_of("[6e666663333");
+  EXPECT_NE(error_of(R"({"vocab_size": 1e999})").find("x.json: invalid JSON: number overflow"),
+            std::string::npos);
+}
+
 TEST(ParseJson, SyntaxErrorsNameTheSourceAndPosition) {
   const std::string e = error_of("{\n  \"a\": }");
   EXPECT_NE(e.find("x.json: invalid JSON (byte 10)"), std::string::npos) << e;
