@@ -288,8 +288,19 @@ TEST(Cli, OversizedRequestsFailFastNamingTheOption) {
                       "1000000000000000000 --batch 1000000",
                       kBin, kFixtures));
   EXPECT_EQ(plan.code, 1) << plan.out;
-  EXPECT_NE(plan.err.find("overflows 64-bit sizes"), std::string::npos) << plan.err;
+  EXPECT_NE(
+      plan.err.find("--context 1000000000000000000: MLA KV bytes of one sequence: 1000000000000000000 x "
+                    "8064 overflows 64-bit sizes"),
+      std::string::npos)
+      << plan.err;
   EXPECT_EQ(plan.out.find("-9"), std::string::npos) << plan.out;  // no negative totals
+  const Result batch =
+      run(fmt::format("{} plan --config {}/configs/kimi-linear-48b-a3b.json --context 4096 --batch "
+                      "1000000000000000000",
+                      kBin, kFixtures));
+  EXPECT_EQ(batch.code, 1) << batch.out;
+  EXPECT_NE(batch.err.find("--batch x bytes per sequence: 1000000000000000000 x"), std::string::npos)
+      << batch.err;
 }
 
 // Regression (issue 12, defect 6): options and inputs that used to be accepted silently.
@@ -346,6 +357,25 @@ TEST(Cli, SilentAcceptancesAreErrors) {
   st.close();
   r = run(fmt::format("{} generate -m {} --prompt-ids 5", kBin, dup));
   EXPECT_NE(r.err.find("header: key \"a\" appears twice in one JSON object"), std::string::npos) << r.err;
+}
+
+// Kept from before (issue 12, defect 6): a sharded checkpoint whose index and shards leave out a tensor
+// the model needs is an error naming the tensor and the directory.
+TEST(Cli, IndexLeavingOutANeededTensorIsAnError) {
+  std::vector<std::string> names;
+  const std::string dir = edited_model("sharded", [&](nlohmann::json& h, std::vector<char>&) {
+    h.erase("lm_head.weight");
+    for (const auto& [name, entry] : h.items()) {
+      if (name != "__metadata__") names.push_back(name);
+    }
+  });
+  std::filesystem::rename(dir + "/model.safetensors", dir + "/model-00001-of-00001.safetensors");
+  nlohmann::json index;
+  for (const std::string& n : names) index["weight_map"][n] = "model-00001-of-00001.safetensors";
+  std::ofstream(dir + "/model.safetensors.index.json") << index.dump();
+  const Result r = run(fmt::format("{} generate -m {} --prompt-ids 5", kBin, dir));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("tensor 'lm_head.weight' is not in checkpoint " + dir), std::string::npos) << r.err;
 }
 
 // Regression (issue 12, defect 3): an lm_head of NaNs made generate print 0,0,0,... and exit 0.
