@@ -31,6 +31,12 @@ class Comm {
   // World broadcast of a byte string from `root`; receivers' strings are replaced.
   virtual void broadcast(std::string& bytes, int root) = 0;
   virtual void barrier() = 0;
+
+  // The deadline of every collective, in seconds from the moment this rank enters it. A collective that
+  // has not completed by then ends in an hlm::Error naming the ranks that did not answer (a stalled or
+  // dead peer), so one stalled rank cannot hang the job. One rank has nobody to wait for: no-op there.
+  virtual void set_timeout(double seconds) {}
+  virtual double timeout() const { return 0; }
 };
 
 std::unique_ptr<Comm> make_single_comm();
