@@ -40,7 +40,7 @@ struct BenchArgs {
   int32_t batch = 1;
   int64_t steps = 32;
   int repeats = 3;
-  int64_t prefill_chunk = 0;   // 0: 512 on the CPU, 8192 on a GPU
+  int64_t prefill_chunk = 0;    // 0: 512 on the CPU, 8192 on a GPU
   int64_t prefill_tokens = -1;  // synthetic contexts: the prompt timed for prefill (-1: min(context, 8192))
   int synthetic = -1;           // -1: on with --random-weights
   bool json = false;
@@ -78,12 +78,14 @@ int run_bench(const BenchArgs& a) {
   const bool synthetic = a.synthetic < 0 ? so.random_weights : a.synthetic != 0;
   const Device device = resolve_device(so.device);
   const int64_t chunk = a.prefill_chunk > 0 ? a.prefill_chunk : (device == Device::kCuda ? 8192 : 512);
-  const int64_t prefill_tokens = a.prefill_tokens >= 0 ? a.prefill_tokens : std::min<int64_t>(a.context, 8192);
+  const int64_t prefill_tokens =
+      a.prefill_tokens >= 0 ? a.prefill_tokens : std::min<int64_t>(a.context, 8192);
   if (a.batch >= so.engine.max_batch) so.batch_option = "--batch";
   so.engine.max_batch = std::max(so.engine.max_batch, a.batch);
   so.length_option = "--context";
   HLM_CHECK(std::max(a.context, prefill_tokens) <= kMaxSeqLen - a.steps,
-            "--context {} + --steps {} exceeds the {} tokens a sequence may hold", a.context, a.steps, kMaxSeqLen);
+            "--context {} + --steps {} exceeds the {} tokens a sequence may hold", a.context, a.steps,
+            kMaxSeqLen);
   so.max_step_tokens = std::max<int64_t>(chunk, a.batch);
   so.max_logit_rows = a.batch;
   Session s(so, std::max(a.context, prefill_tokens) + a.steps);
@@ -110,8 +112,8 @@ int run_bench(const BenchArgs& a) {
     for (int64_t done = 0; done < n;) {
       const int64_t take = std::min(chunk, n - done);
       StepPlan plan;
-      plan.entries.push_back(StepEntry{id, done == 0, false,
-                                       std::vector<int32_t>(tokens.begin() + done, tokens.begin() + done + take)});
+      plan.entries.push_back(StepEntry{
+          id, done == 0, false, std::vector<int32_t>(tokens.begin() + done, tokens.begin() + done + take)});
       const std::vector<int32_t> ids = s.engine().step_sample(plan, {SampleParams{}});
       if (last != nullptr) last->push_back(ids[0]);
       done += take;
@@ -146,7 +148,8 @@ int run_bench(const BenchArgs& a) {
     }
     for (int64_t step = 0; step < a.steps; ++step) {
       StepPlan decode;
-      for (size_t b = 0; b < ids.size(); ++b) decode.entries.push_back(StepEntry{ids[b], false, false, {next[b]}});
+      for (size_t b = 0; b < ids.size(); ++b)
+        decode.entries.push_back(StepEntry{ids[b], false, false, {next[b]}});
       if (step == a.steps - 1) decode.release = ids;
       const auto t = Clock::now();
       next = s.engine().step_sample(decode, std::vector<SampleParams>(ids.size()));
@@ -197,12 +200,14 @@ int run_bench(const BenchArgs& a) {
     std::cout << j.dump() << "\n";
     return 0;
   }
-  std::cout << fmt::format("model: {}  layout: tp={} cp={}  context {}{}  batch {}  ({} steps x {} repeats)\n", model,
-                           m.tp, m.cp, a.context, synthetic ? " (synthetic)" : "", a.batch, a.steps, a.repeats);
+  std::cout << fmt::format(
+      "model: {}  layout: tp={} cp={}  context {}{}  batch {}  ({} steps x {} repeats)\n", model, m.tp, m.cp,
+      a.context, synthetic ? " (synthetic)" : "", a.batch, a.steps, a.repeats);
   std::cout << fmt::format("prefill: {:.0f} tokens/s (median, chunks of {})\n", median(prefill_rates), chunk);
   std::cout << fmt::format("decode: {:.3f} ms/step median, {:.1f} tokens/s\n", step * 1e3, a.batch / step);
   std::cout << fmt::format(
-      "floor: {} B/step on rank 0 (weights {}, KV {}, KDA state {}) at {:.1f} GB/s copy bandwidth = {:.4f} ms; "
+      "floor: {} B/step on rank 0 (weights {}, KV {}, KDA state {}) at {:.1f} GB/s copy bandwidth = {:.4f} "
+      "ms; "
       "measured/floor = {:.2f}\n",
       grouped(static_cast<int64_t>(bytes.total())), grouped(static_cast<int64_t>(bytes.weights)),
       grouped(static_cast<int64_t>(bytes.kv)), grouped(static_cast<int64_t>(bytes.state)), bandwidth / 1e9,
@@ -224,12 +229,14 @@ CommandRunner add_bench_command(CLI::App& app) {
   cmd->add_option("--batch", a->batch, "Sequences decoded together")->capture_default_str();
   cmd->add_option("--steps", a->steps, "Timed decode steps per repeat")->capture_default_str();
   cmd->add_option("--repeats", a->repeats, "Repeats")->capture_default_str();
-  cmd->add_option("--prefill-chunk", a->prefill_chunk, "Tokens per prefill step (default: 512 CPU, 8192 GPU)");
+  cmd->add_option("--prefill-chunk", a->prefill_chunk,
+                  "Tokens per prefill step (default: 512 CPU, 8192 GPU)");
   cmd->add_option("--prefill-tokens", a->prefill_tokens,
                   "With a synthetic context: prompt length timed for prefill (default: min(context, 8192))");
-  cmd->add_option("--synthetic-context", a->synthetic,
-                  "1: start sequences at --context over random caches instead of prefilling them (default with "
-                  "--random-weights); 0: prefill");
+  cmd->add_option(
+      "--synthetic-context", a->synthetic,
+      "1: start sequences at --context over random caches instead of prefilling them (default with "
+      "--random-weights); 0: prefill");
   cmd->add_flag("--json", a->json, "Print one JSON object instead of the report");
   return [a] { return run_bench(*a); };
 }

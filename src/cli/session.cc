@@ -99,7 +99,8 @@ int ranks_on_this_host() {
 // The option text of what sized the caches, and what to lower, for errors.
 std::string sized_by(const SessionOptions& o, const EngineOptions& eo) {
   const std::string length = o.max_seq_len > 0 ? "--max-seq-len" : o.length_option;
-  return fmt::format("{} sequences ({}) of {} tokens ({})", eo.max_batch, o.batch_option, eo.max_seq_len, length);
+  return fmt::format("{} sequences ({}) of {} tokens ({})", eo.max_batch, o.batch_option, eo.max_seq_len,
+                     length);
 }
 std::string remedy(const SessionOptions& o) {
   return fmt::format("lower {} or {}", o.max_seq_len > 0 ? "--max-seq-len" : o.length_option, o.batch_option);
@@ -200,8 +201,8 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
     // Refuse before reading a byte when the weights alone cannot fit.
     const MemoryInfo mem = ops_->memory_info();
     const int64_t need = weights->bytes_to_load();
-    const auto budget = static_cast<int64_t>(o.gpu_memory_fraction * static_cast<double>(mem.total)) -
-                        (mem.total - mem.free);
+    const auto budget =
+        static_cast<int64_t>(o.gpu_memory_fraction * static_cast<double>(mem.total)) - (mem.total - mem.free);
     HLM_CHECK(need <= budget,
               "the weights of this rank take {} on the GPU but only {} are available under "
               "--gpu-memory-fraction {} ({} free of {}); use more GPUs (--tp/--cp) or a larger fraction",
@@ -224,8 +225,8 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
     const int64_t logit_rows = o.max_logit_rows > 0 ? o.max_logit_rows : step_tokens;
     const DeviceCachePlan plan =
         plan_device_caches(config_, mapping, model_->weight_bytes_loaded(), ops_->memory_info(),
-                           o.gpu_memory_fraction, eo.tokens_per_block, eo.max_batch, eo.max_seq_len, step_tokens,
-                           logit_rows, sized_by(o, eo), remedy(o));
+                           o.gpu_memory_fraction, eo.tokens_per_block, eo.max_batch, eo.max_seq_len,
+                           step_tokens, logit_rows, sized_by(o, eo), remedy(o));
     log_device_cache_plan(plan);
     ops_->reserve_workspace(plan.workspace_bytes);
     eo.num_pages = plan.pages;

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-
 namespace hlm {
 
 ActivationParams activation_params(const ModelConfig& cfg) {
@@ -97,8 +96,7 @@ Tensor MoeLayer::forward(const LayerEnv& env, const Tensor& x) {
   Tensor idx, weights;  // [T, k] I32, [T, k] F32
   ops.moe_route(x, gate_, bias_, router_, idx, weights);
   if (!latent_down_.defined()) {
-    Tensor out =
-        ops.moe_experts(x, idx, weights, experts_, expert_begin_, act);  // [T, hidden]
+    Tensor out = ops.moe_experts(x, idx, weights, experts_, expert_begin_, act);  // [T, hidden]
     if (has_shared_) ops.add_inplace(out, shared_.partial(ops, x, act));
     env.comm.all_reduce_sum(out, CommGroup::kWorld);
     return out;
@@ -106,9 +104,8 @@ Tensor MoeLayer::forward(const LayerEnv& env, const Tensor& x) {
   // Latent MoE (K3): the routed sum lives in the latent space and must be complete before its norm, so
   // the routed latent partials and the shared hidden partials are reduced together in one all-reduce.
   const int64_t width = latent_down_.dim(0);
-  Tensor z = ops.linear(x, latent_down_);  // [T, latent]
-  Tensor routed =
-      ops.moe_experts(z, idx, weights, experts_, expert_begin_, act);  // [T, latent]
+  Tensor z = ops.linear(x, latent_down_);                                          // [T, latent]
+  Tensor routed = ops.moe_experts(z, idx, weights, experts_, expert_begin_, act);  // [T, latent]
   Tensor both =
       has_shared_ ? ops.concat_last(routed, shared_.partial(ops, x, act)) : routed;  // [T, latent + hidden]
   env.comm.all_reduce_sum(both, CommGroup::kWorld);

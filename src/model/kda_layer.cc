@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-
 namespace hlm {
 
 namespace {
@@ -57,7 +56,8 @@ KdaLayer::KdaLayer(const LayerEnv& env, int layer, WeightSource& w) {
 
 void KdaLayer::allocate_state(const LayerEnv& env, int32_t slots) {
   const int64_t dl = heads_ * head_dim_;
-  conv_state_ = env.ops.zeros({slots, 3 * dl, env.cfg.kda_conv_kernel - 1}, env.ops.weight_dtype(DType::kBF16));
+  conv_state_ =
+      env.ops.zeros({slots, 3 * dl, env.cfg.kda_conv_kernel - 1}, env.ops.weight_dtype(DType::kBF16));
   recurrent_state_ = env.ops.zeros({slots, heads_, head_dim_, head_dim_}, DType::kF32);
 }
 

@@ -94,10 +94,14 @@ StepBytes decode_step_bytes(const ModelConfig& cfg, const Mapping& m, int64_t co
                             int64_t tokens_per_block, const StoredDType& held, int64_t kv_bytes,
                             int64_t conv_bytes) {
   const RankWeightBytes w = rank_weight_bytes(weight_layout(cfg), m, held);
-  const auto cat = [&](WeightCategory c) { return static_cast<double>(w.by_category[static_cast<size_t>(c)]); };
+  const auto cat = [&](WeightCategory c) {
+    return static_cast<double>(w.by_category[static_cast<size_t>(c)]);
+  };
   StepBytes b;
-  b.weights = static_cast<double>(w.total) - cat(WeightCategory::kRoutedExperts) - cat(WeightCategory::kEmbedding);
-  b.weights += static_cast<double>(batch) * cat(WeightCategory::kEmbedding) / static_cast<double>(cfg.vocab_size);
+  b.weights =
+      static_cast<double>(w.total) - cat(WeightCategory::kRoutedExperts) - cat(WeightCategory::kEmbedding);
+  b.weights +=
+      static_cast<double>(batch) * cat(WeightCategory::kEmbedding) / static_cast<double>(cfg.vocab_size);
   const double local = static_cast<double>(m.experts(cfg.num_experts).size());
   if (cfg.num_moe_layers() > 0 && local > 0) {
     const double per_expert = cat(WeightCategory::kRoutedExperts) / (cfg.num_moe_layers() * local);
@@ -113,7 +117,8 @@ StepBytes decode_step_bytes(const ModelConfig& cfg, const Mapping& m, int64_t co
   return b;
 }
 
-int64_t step_scratch_bytes(const ModelConfig& cfg, const Mapping& mapping, int64_t tokens, int64_t logit_rows) {
+int64_t step_scratch_bytes(const ModelConfig& cfg, const Mapping& mapping, int64_t tokens,
+                           int64_t logit_rows) {
   const int64_t n = mapping.world();
   const int64_t hidden = cfg.hidden_size;
   const int64_t kda_heads = cfg.kda_heads / n;
@@ -136,7 +141,8 @@ int64_t step_scratch_bytes(const ModelConfig& cfg, const Mapping& mapping, int64
 DeviceCachePlan plan_device_caches(const ModelConfig& cfg, const Mapping& mapping, int64_t weight_bytes,
                                    const MemoryInfo& mem, double fraction, int64_t tokens_per_block,
                                    int32_t max_batch, int64_t max_seq_len, int64_t step_tokens,
-                                   int64_t logit_rows, const std::string& sized_by, const std::string& remedy) {
+                                   int64_t logit_rows, const std::string& sized_by,
+                                   const std::string& remedy) {
   DeviceCachePlan p;
   p.weights = weight_bytes;
   p.budget = static_cast<int64_t>(fraction * static_cast<double>(mem.total)) - (mem.total - mem.free);
@@ -151,13 +157,14 @@ DeviceCachePlan plan_device_caches(const ModelConfig& cfg, const Mapping& mappin
   const int64_t needed_pages = static_cast<int64_t>(max_batch) * placement.local_pages(max_seq_len, 0);
   const int64_t left = p.budget - p.workspace_bytes - static_cast<int64_t>(max_batch) * state_bytes_per_slot;
   p.pages = p.page_bytes > 0 ? std::max<int64_t>(left, 0) / p.page_bytes : needed_pages;
-  HLM_CHECK(left >= 0 && p.pages >= needed_pages,
-            "GPU memory: the caches for {} need {} of MLA pages and {} of KDA state, but after the weights ({}) "
-            "and the step scratch ({}) only {} remain under --gpu-memory-fraction {}; {}, or use more GPUs (--cp)",
-            sized_by, human_bytes(needed_pages * p.page_bytes),
-            human_bytes(static_cast<int64_t>(max_batch) * state_bytes_per_slot), human_bytes(weight_bytes),
-            human_bytes(p.workspace_bytes), human_bytes(std::max<int64_t>(p.budget - p.workspace_bytes, 0)),
-            fraction, remedy);
+  HLM_CHECK(
+      left >= 0 && p.pages >= needed_pages,
+      "GPU memory: the caches for {} need {} of MLA pages and {} of KDA state, but after the weights ({}) "
+      "and the step scratch ({}) only {} remain under --gpu-memory-fraction {}; {}, or use more GPUs (--cp)",
+      sized_by, human_bytes(needed_pages * p.page_bytes),
+      human_bytes(static_cast<int64_t>(max_batch) * state_bytes_per_slot), human_bytes(weight_bytes),
+      human_bytes(p.workspace_bytes), human_bytes(std::max<int64_t>(p.budget - p.workspace_bytes, 0)),
+      fraction, remedy);
   if (p.page_bytes == 0) p.pages = std::max<int64_t>(needed_pages, 1);
   return p;
 }
@@ -169,7 +176,8 @@ void log_device_cache_plan(const DeviceCachePlan& p) {
   spdlog::info("  KDA state slots  {:>12}  ({} slots of {})", human_bytes(p.slots * p.state_bytes_per_slot),
                p.slots, human_bytes(p.state_bytes_per_slot));
   spdlog::info("  MLA KV pages     {:>12}  ({} pages of {} tokens: {} tokens fit on this rank)",
-               human_bytes(p.pages * p.page_bytes), p.pages, p.tokens_per_block, p.pages * p.tokens_per_block);
+               human_bytes(p.pages * p.page_bytes), p.pages, p.tokens_per_block,
+               p.pages * p.tokens_per_block);
 }
 
 }  // namespace hlm

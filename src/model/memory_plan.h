@@ -89,7 +89,8 @@ StepBytes decode_step_bytes(const ModelConfig& cfg, const Mapping& m, int64_t co
 // Upper bound of the scratch one engine step of `tokens` tokens returning `logit_rows` rows of logits
 // allocates on this rank (the live intermediates of the widest layer, in F32, with room for allocator
 // fragmentation), plus a fixed part for routing buffers, library workspaces and sampling.
-int64_t step_scratch_bytes(const ModelConfig& cfg, const Mapping& mapping, int64_t tokens, int64_t logit_rows);
+int64_t step_scratch_bytes(const ModelConfig& cfg, const Mapping& mapping, int64_t tokens,
+                           int64_t logit_rows);
 
 // How a device's memory is split once the weights are loaded: everything under the budget
 // (fraction · total, minus what others use) goes to the step arena, the KDA state slots, and MLA pages.
@@ -109,7 +110,8 @@ struct DeviceCachePlan {
 DeviceCachePlan plan_device_caches(const ModelConfig& cfg, const Mapping& mapping, int64_t weight_bytes,
                                    const MemoryInfo& mem, double fraction, int64_t tokens_per_block,
                                    int32_t max_batch, int64_t max_seq_len, int64_t step_tokens,
-                                   int64_t logit_rows, const std::string& sized_by, const std::string& remedy);
+                                   int64_t logit_rows, const std::string& sized_by,
+                                   const std::string& remedy);
 void log_device_cache_plan(const DeviceCachePlan& plan);
 
 }  // namespace hlm

@@ -4,7 +4,6 @@
 
 #include <fmt/format.h>
 
-
 namespace hlm {
 
 namespace {
@@ -38,7 +37,8 @@ MlaLayer::MlaLayer(const LayerEnv& env, int layer, WeightSource& w) {
 }
 
 void MlaLayer::allocate_cache(const LayerEnv& env, int64_t pages, int64_t tokens_per_block) {
-  cache_ = env.ops.zeros({pages, tokens_per_block, env.cfg.mla_cache_dim()}, env.ops.weight_dtype(DType::kBF16));
+  cache_ =
+      env.ops.zeros({pages, tokens_per_block, env.cfg.mla_cache_dim()}, env.ops.weight_dtype(DType::kBF16));
 }
 
 Tensor MlaLayer::project_queries(const LayerEnv& env, const Tensor& x) {

@@ -158,7 +158,7 @@ Tensor Model::forward(const StepContext& ctx) {
   Tensor h = ops_.embedding(embed_, ctx.token_ids);  // [T, hidden]
   h = cfg_.attn_res_block_size > 0 ? attn_res_stack(h, ctx) : residual_stack(h, ctx);
   Tensor last = ops_.rms_norm(ops_.gather_rows(h, ctx.logit_rows), final_norm_, eps);  // [R, hidden]
-  Tensor logits = ops_.linear(last, lm_head_, /*f32_out=*/true);                      // [R, vocab / N]
+  Tensor logits = ops_.linear(last, lm_head_, /*f32_out=*/true);                       // [R, vocab / N]
   const int64_t rows = last.dim(0);
   if (mapping_.world() > 1) {
     // [N, R, V/N] -> [R, N, V/N] = [R, V]: shard n holds vocabulary rows [n·V/N, (n+1)·V/N).

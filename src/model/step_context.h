@@ -14,9 +14,9 @@ namespace hlm {
 
 struct StepContext {
   int64_t num_tokens = 0;
-  Tensor token_ids;           // [T] I32
-  SeqBatch seqs;              // KDA: rows and state slot of each sequence
-  bool decode_only = false;   // every sequence has exactly one new token (recurrent KDA path)
+  Tensor token_ids;          // [T] I32
+  SeqBatch seqs;             // KDA: rows and state slot of each sequence
+  bool decode_only = false;  // every sequence has exactly one new token (recurrent KDA path)
 
   // MLA, this rank's view.
   Tensor write_slots;  // [T] I64: flat cache slot (page·P + offset) or -1

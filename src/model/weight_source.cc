@@ -43,7 +43,8 @@ void warn_unused(const Checkpoint& ckpt, const ModelConfig& cfg, const std::set<
   if (unused.empty()) return;
   const size_t shown = std::min(unused.size(), kListed);
   spdlog::warn("checkpoint {}: {} tensor(s) not used by the model ({}): {}{}", ckpt.dir(), unused.size(),
-               cfg.source, fmt::join(unused.begin(), unused.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+               cfg.source,
+               fmt::join(unused.begin(), unused.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
                unused.size() > shown ? fmt::format(", ... ({} more)", unused.size() - shown) : "");
 }
 
@@ -132,7 +133,9 @@ const std::string& WeightReader::stored_name(const WeightSpec& spec) const {
            fmt::join(spec.alt_names, ", "));
 }
 
-DType WeightReader::stored_dtype(const std::string& key) const { return ckpt_.info(stored_name(spec(key))).dtype; }
+DType WeightReader::stored_dtype(const std::string& key) const {
+  return ckpt_.info(stored_name(spec(key))).dtype;
+}
 
 Tensor WeightReader::read(const std::string& key) {
   const WeightSpec& s = spec(key);
@@ -152,7 +155,9 @@ void WeightReader::fill(const WeightSpec& spec, const TensorBox& box, Tensor& ds
 RandomWeights::RandomWeights(const ModelConfig& cfg, const Mapping& mapping, Ops& ops, uint64_t seed)
     : WeightSource(cfg, mapping, &ops), seed_(seed) {}
 
-Tensor RandomWeights::read_host_f32(const std::string& key) { return Tensor::zeros(shard_shape(key), DType::kF32); }
+Tensor RandomWeights::read_host_f32(const std::string& key) {
+  return Tensor::zeros(shard_shape(key), DType::kF32);
+}
 
 void RandomWeights::fill(const WeightSpec& spec, const TensorBox& box, Tensor& dst) {
   // Scales that keep activations finite through any depth: matrices uniform with variance 1/fan_in (so a

@@ -21,7 +21,8 @@ int cuda_device_count(std::string* why) {
 #if HLM_HAVE_CUDA
   return cuda::device_count(why);
 #else
-  if (why != nullptr) *why = "this helixlm was built without the CUDA backend (nvcc was not found at build time)";
+  if (why != nullptr)
+    *why = "this helixlm was built without the CUDA backend (nvcc was not found at build time)";
   return 0;
 #endif
 }
@@ -45,7 +46,8 @@ std::unique_ptr<Ops> make_ops(Device device, const BackendOptions& o) {
   }
   int threads = o.cpu_threads;
   if (threads <= 0) {
-    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, o.ranks_on_host));
+    threads =
+        std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, o.ranks_on_host));
   }
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);

@@ -12,8 +12,8 @@ namespace hlm {
 enum class DeviceChoice { kCpu, kCuda, kAuto };
 
 struct BackendOptions {
-  int cuda_device = 0;     // GPU index (the local rank under mpirun)
-  int cpu_threads = 0;     // 0: the machine's cores divided among the ranks on it
+  int cuda_device = 0;  // GPU index (the local rank under mpirun)
+  int cpu_threads = 0;  // 0: the machine's cores divided among the ranks on it
   int ranks_on_host = 1;
 };
 

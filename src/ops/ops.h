@@ -239,8 +239,8 @@ class Ops {
   // out [T, H, v_dim], normalized within this rank, and stats [T, H, 2] = (max logit, Σ exp(logit - max)),
   // natural base, logit = q·k·scale. Rows with kv_len 0 give out 0, stats (-inf, 0).
   virtual void mla_attention(const Tensor& q, const Tensor& cache, const Tensor& page_table,
-                             const MlaBatch& seqs, const Tensor& kv_len, float scale,
-                             int64_t v_dim, Tensor& out, Tensor& stats) = 0;
+                             const MlaBatch& seqs, const Tensor& kv_len, float scale, int64_t v_dim,
+                             Tensor& out, Tensor& stats) = 0;
   // Exact merge of partial attentions: parts [R, T, H, V], stats [R, T, H, 2] -> [T, H, V].
   // Sources with (-inf, 0) get weight 0; a row with no keys anywhere gives 0.
   virtual Tensor lse_combine(const Tensor& parts, const Tensor& stats) = 0;
@@ -256,7 +256,8 @@ class Ops {
   // E_l), accumulated in fp32. E_e(x) = down_e(act(gate_e x) · up_e x). x [T, D], experts (ExpertWeights)
   // -> [T, D]. Tokens routed to experts elsewhere contribute nothing here.
   virtual Tensor moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights,
-                             const ExpertWeights& experts, int64_t expert_begin, const ActivationParams& act) = 0;
+                             const ExpertWeights& experts, int64_t expert_begin,
+                             const ActivationParams& act) = 0;
 
   // --- sampling ---------------------------------------------------------------------------------------
   // One token id per row of logits [R, V] (F32) with rows[r]'s parameters (SampleParams); -1 for a row

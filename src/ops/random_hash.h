@@ -21,7 +21,9 @@ HLM_HOST_DEVICE inline uint64_t mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-HLM_HOST_DEVICE inline uint64_t hash3(uint64_t a, uint64_t b, uint64_t c) { return mix64(mix64(mix64(a) ^ b) ^ c); }
+HLM_HOST_DEVICE inline uint64_t hash3(uint64_t a, uint64_t b, uint64_t c) {
+  return mix64(mix64(mix64(a) ^ b) ^ c);
+}
 
 // Uniform in [0, 1) with 24 random bits.
 HLM_HOST_DEVICE inline float uniform01(uint64_t a, uint64_t b, uint64_t c) {

@@ -63,8 +63,8 @@ Engine::Engine(Model& model, Comm& comm, const EngineOptions& options)
     : model_(model),
       comm_(comm),
       options_(options),
-      kv_(make_placement(model.mapping(), options), model.mapping().cp_rank(), page_count(model.mapping(), options),
-          options.max_batch) {
+      kv_(make_placement(model.mapping(), options), model.mapping().cp_rank(),
+          page_count(model.mapping(), options), options.max_batch) {
   model_.allocate_caches(options_.max_batch, kv_.free_pages(), options_.tokens_per_block);
   spdlog::debug("engine: {} state slots, {} MLA pages of {} tokens on this rank", options_.max_batch,
                 kv_.free_pages(), options_.tokens_per_block);
@@ -150,9 +150,8 @@ void Engine::warmup() {
   comm_.all_reduce_sum(ran, CommGroup::kWorld);
   HLM_CHECK(static_cast<int>(ran.data<float>()[0]) == comm_.size(), "warmup did not run on every rank");
   if (options_.cuda_graphs) {
-    const int64_t capacity =
-        std::min(kv_.free_pages(), static_cast<int64_t>(options_.max_batch) *
-                                       place.local_pages(options_.max_seq_len, 0));
+    const int64_t capacity = std::min(kv_.free_pages(), static_cast<int64_t>(options_.max_batch) *
+                                                            place.local_pages(options_.max_seq_len, 0));
     graphs_ = std::make_unique<DecodeGraphs>(model_, options_.max_batch, capacity);
     if (!graphs_->capture()) graphs_.reset();
   }

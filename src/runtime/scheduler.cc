@@ -151,7 +151,9 @@ std::vector<SeqOutput> Scheduler::step() {
   // log-probabilities: then, as on the CPU, the step returns host logits and the same draws are made on the
   // host (ops/cpu/sampling.cc), with the guard's account of non-finite rows. A mid-prompt chunk gets no
   // draw, so its sequence's random counter does not advance.
-  auto wants_token = [](const Seq& s) { return s.prefilled >= static_cast<int64_t>(s.request.prompt.size()); };
+  auto wants_token = [](const Seq& s) {
+    return s.prefilled >= static_cast<int64_t>(s.request.prompt.size());
+  };
   const bool host = engine_.model().ops().device() == Device::kCpu ||
                     std::any_of(members.begin(), members.end(), [&](const Seq* s) {
                       return wants_token(*s) && s->request.top_logprobs >= 0;

@@ -58,7 +58,8 @@ TEST_F(CudaDense, LinearMatchesInBf16AndF32) {
     EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->linear(xg, wg)), want), kBf16Out) << t << "x" << in << "x" << out;
     EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->linear(xg, wg, true)), want), kF32Dot) << "f32_out";
     // An F32-stored weight runs an fp32 GEMM (the F32 activation is taken as is).
-    EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->linear(gpu->upload(x), gpu->upload(w))), want), kF32Dot) << "F32 w";
+    EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->linear(gpu->upload(x), gpu->upload(w))), want), kF32Dot)
+        << "F32 w";
   }
 }
 

@@ -48,7 +48,9 @@ class CudaGolden : public ::testing::TestWithParam<std::string> {
     comm_ = make_single_comm();
     // The -moonshot twin shares its base fixture's weights and references.
     std::ifstream in(golden_.model_dir + "/bf16_reference.json");
-    if (!in) in = std::ifstream(golden_.model_dir.substr(0, golden_.model_dir.rfind("-moonshot")) + "/bf16_reference.json");
+    if (!in)
+      in = std::ifstream(golden_.model_dir.substr(0, golden_.model_dir.rfind("-moonshot")) +
+                         "/bf16_reference.json");
     ASSERT_TRUE(in.good()) << "no bf16_reference.json for " << GetParam() << " (tools/bf16_reference.py)";
     const nlohmann::json j = nlohmann::json::parse(in);
     for (const auto& p : j.at("prompts")) {
@@ -81,8 +83,10 @@ TEST_P(CudaGolden, LogitsMatchReferenceThroughPrefillAndDecode) {
   for (size_t i = 0; i < golden_.prompts.size(); ++i) {
     const GoldenPrompt& p = golden_.prompts[i];
     const std::vector<int32_t> ids = full_sequence(p);
-    const double prefill = rel_l2(sequence_logits(r->engine(), 1, ids, static_cast<int64_t>(ids.size())), p.logits);
-    const double decode = rel_l2(sequence_logits(r->engine(), 2, ids, static_cast<int64_t>(p.ids.size())), p.logits);
+    const double prefill =
+        rel_l2(sequence_logits(r->engine(), 1, ids, static_cast<int64_t>(ids.size())), p.logits);
+    const double decode =
+        rel_l2(sequence_logits(r->engine(), 2, ids, static_cast<int64_t>(p.ids.size())), p.logits);
     report("prefill", i, prefill);
     report("prefill prompt + decode", i, decode);
     EXPECT_LE(prefill, bound_[i]) << "prompt " << i;
@@ -98,16 +102,17 @@ TEST_P(CudaGolden, GreedyIdsMatchReference) {
   o.max_new_tokens = static_cast<int64_t>(golden_.prompts[0].greedy.size());
   o.stop_at_eos = false;
   o.step_tokens = 48;  // mixed ragged steps, then decode steps of 3 sequences through the batch-4 graph
-  std::vector<std::vector<int32_t>> got = generate(r->engine(), prompts, o);
+  const std::vector<Generation> got = generate(r->engine(), prompts, o);
   for (size_t i = 0; i < prompts.size(); ++i) {
     const GoldenPrompt& p = golden_.prompts[i];
     const int64_t vocab = p.logits.dim(1);
-    ASSERT_EQ(got[i].size(), p.greedy.size());
+    ASSERT_EQ(got[i].error, "") << "prompt " << i;
+    ASSERT_EQ(got[i].ids.size(), p.greedy.size());
     size_t checked = 0;
     for (size_t j = 0; j < p.greedy.size(); ++j) {
       const float* row = p.logits.data<float>() + (p.ids.size() - 1 + j) * vocab;
       if (top2_margin(row, vocab) < margin_[i]) break;  // beyond here bf16 may legitimately flip
-      ASSERT_EQ(got[i][j], p.greedy[j]) << "prompt " << i << " position " << j;
+      ASSERT_EQ(got[i].ids[j], p.greedy[j]) << "prompt " << i << " position " << j;
       ++checked;
     }
     std::cout << "[cuda golden] " << GetParam() << " prompt " << i << ": " << checked << " of "
@@ -128,11 +133,12 @@ TEST_P(CudaGolden, GraphDecodeEqualsEagerDecode) {
   EXPECT_LE(err, kGraphRelL2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGolden, ::testing::ValuesIn(golden_case_names()), [](const auto& info) {
-  std::string n = info.param;
-  std::replace(n.begin(), n.end(), '-', '_');
-  return n;
-});
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGolden, ::testing::ValuesIn(golden_case_names()),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
 
 }  // namespace
 }  // namespace hlm::test

@@ -22,8 +22,8 @@ inline std::unique_ptr<Ops> cuda_ops(std::string* why) {
   return make_ops(Device::kCuda, BackendOptions{});
 }
 
-#define HLM_GPU_OR_SKIP(var)                                  \
-  std::string hlm_skip_reason_;                               \
+#define HLM_GPU_OR_SKIP(var)                                                  \
+  std::string hlm_skip_reason_;                                               \
   std::unique_ptr<::hlm::Ops> var = ::hlm::test::cuda_ops(&hlm_skip_reason_); \
   if (var == nullptr) GTEST_SKIP() << "no GPU: " << hlm_skip_reason_
 

@@ -90,7 +90,8 @@ Tensor expert_matrix(const Tensor& w, const Tensor& scale, int64_t e, const char
   return dequantize_mxfp4(w[e], scale[e], fmt::format("moe_experts {}[{}]", which, e));
 }
 
-void check_mxfp4_pair(const Tensor& codes, const Tensor& scale, int64_t rows, int64_t cols, const char* name) {
+void check_mxfp4_pair(const Tensor& codes, const Tensor& scale, int64_t rows, int64_t cols,
+                      const char* name) {
   const char* op = "moe_experts";
   expect_tensor(codes, op, name, DType::kU8, 3, "[E_l, rows, cols/2] (MXFP4 codes)");
   expect_tensor(scale, op, name, DType::kU8, 3, "[E_l, rows, cols/32] (MXFP4 scales)");
@@ -161,7 +162,7 @@ Tensor moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, co
     const Tensor gate = expert_matrix(ew.gate, ew.gate_scale, e, "gate");  // [I, D]
     const Tensor up = expert_matrix(ew.up, ew.up_scale, e, "up");          // [I, D]
     const Tensor down = expert_matrix(ew.down, ew.down_scale, e, "down");  // [D, I]
-    xs.resize(static_cast<size_t>(n * hidden));  // [n, D] gathered tokens
+    xs.resize(static_cast<size_t>(n * hidden));                            // [n, D] gathered tokens
     hg.resize(static_cast<size_t>(n * inter));   // [n, I] gate projection, then act(gate)·up
     hu.resize(static_cast<size_t>(n * inter));   // [n, I] up projection
     ys.resize(static_cast<size_t>(n * hidden));  // [n, D] expert output

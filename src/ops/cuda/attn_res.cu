@@ -66,8 +66,8 @@ __global__ void attn_res_kernel(AttnResParams p) {
 
 }  // namespace
 
-Tensor attn_res(CudaContext& ctx, const std::vector<Tensor>& candidates, const Tensor& proj, const Tensor& norm,
-                float eps) {
+Tensor attn_res(CudaContext& ctx, const std::vector<Tensor>& candidates, const Tensor& proj,
+                const Tensor& norm, float eps) {
   HLM_CHECK(!candidates.empty() && candidates.size() <= kMaxCandidates,
             "attn_res: {} candidates, expected 1 to {}", candidates.size(), kMaxCandidates);
   const Tensor& first = candidates[0];

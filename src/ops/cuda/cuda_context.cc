@@ -127,9 +127,10 @@ void expect_dim(const Tensor& t, int dim, int64_t expected, const char* op, cons
             t.dim(dim), expected, meaning, t.describe());
 }
 
-void expect_same_shape(const Tensor& a, const Tensor& b, const char* op, const char* a_name, const char* b_name) {
-  HLM_CHECK(a.shape() == b.shape(), "{}: {} and {} must have the same shape, got {} and {}", op, a_name, b_name,
-            a.describe(), b.describe());
+void expect_same_shape(const Tensor& a, const Tensor& b, const char* op, const char* a_name,
+                       const char* b_name) {
+  HLM_CHECK(a.shape() == b.shape(), "{}: {} and {} must have the same shape, got {} and {}", op, a_name,
+            b_name, a.describe(), b.describe());
 }
 
 void prepare_output(CudaContext& ctx, Tensor& out, const Shape& shape, DType dtype, const char* op,

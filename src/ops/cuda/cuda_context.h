@@ -68,7 +68,8 @@ void expect_cuda(const Tensor& t, const char* op, const char* name, std::initial
                  int rank, const char* layout);
 void expect_dim(const Tensor& t, int dim, int64_t expected, const char* op, const char* name,
                 const char* meaning);
-void expect_same_shape(const Tensor& a, const Tensor& b, const char* op, const char* a_name, const char* b_name);
+void expect_same_shape(const Tensor& a, const Tensor& b, const char* op, const char* a_name,
+                       const char* b_name);
 // An output passed by reference: allocated when undefined, otherwise checked (device, shape, dtype).
 void prepare_output(CudaContext& ctx, Tensor& out, const Shape& shape, DType dtype, const char* op,
                     const char* name);

@@ -31,14 +31,14 @@ Tensor linear(CudaContext& ctx, const Tensor& x, const Tensor& w, bool f32_out);
 Tensor rms_norm(CudaContext& ctx, const Tensor& x, const Tensor& w, float eps);
 void add_inplace(CudaContext& ctx, Tensor& y, const Tensor& x);  // any float dtypes, same shape
 Tensor glu(CudaContext& ctx, const Tensor& gate, const Tensor& up, const ActivationParams& act);  // -> BF16
-Tensor sigmoid(CudaContext& ctx, const Tensor& x);                                               // -> F32
+Tensor sigmoid(CudaContext& ctx, const Tensor& x);                                                // -> F32
 void sigmoid_gate_inplace(CudaContext& ctx, Tensor& y, const Tensor& gate);
 // -> F32 [T, D]
-Tensor attn_res(CudaContext& ctx, const std::vector<Tensor>& candidates, const Tensor& proj, const Tensor& norm,
-                float eps);
+Tensor attn_res(CudaContext& ctx, const std::vector<Tensor>& candidates, const Tensor& proj,
+                const Tensor& norm, float eps);
 Tensor head_matmul(CudaContext& ctx, const Tensor& x, const Tensor& w, bool w_transposed);  // -> BF16
 Tensor slice_last(CudaContext& ctx, const Tensor& x, int64_t begin, int64_t end);           // dtype kept
-Tensor concat_last(CudaContext& ctx, const Tensor& a, const Tensor& b);  // mixed F32/BF16 -> F32
+Tensor concat_last(CudaContext& ctx, const Tensor& a, const Tensor& b);     // mixed F32/BF16 -> F32
 Tensor gather_rows(CudaContext& ctx, const Tensor& x, const Tensor& rows);  // rows: I32 on the device
 Tensor transpose01(CudaContext& ctx, const Tensor& x);
 // dst = src converted to dst's dtype (F32 <-> BF16, or the same dtype), same element count.
@@ -51,7 +51,8 @@ Tensor short_conv(CudaContext& ctx, const Tensor& x, const Tensor& w, const SeqB
 // graw [T, H*K] (BF16/F32), a_log [H], dt_bias [H*K] (F32 or BF16) -> F32 [T, H*K].
 Tensor kda_gate(CudaContext& ctx, const Tensor& graw, const Tensor& a_log, const Tensor& dt_bias,
                 float lower_bound);
-// q, k, v [T, H, K] (BF16/F32), g [T, H, K] F32, beta [T, H] F32, state [slots, H, K, V] F32 -> [T, H, V] BF16.
+// q, k, v [T, H, K] (BF16/F32), g [T, H, K] F32, beta [T, H] F32, state [slots, H, K, V] F32 -> [T, H, V]
+// BF16.
 Tensor kda_prefill(CudaContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                    const Tensor& beta, const SeqBatch& seqs, Tensor& state);
 Tensor kda_decode(CudaContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,

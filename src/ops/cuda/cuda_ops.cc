@@ -68,7 +68,8 @@ class CudaOps final : public Ops {
   DType weight_dtype(DType stored) const override { return stored == DType::kF16 ? DType::kBF16 : stored; }
 
   void upload_into(const Tensor& host, Tensor& dst) override {
-    HLM_CHECK(host.defined() && host.device() == Device::kCpu, "upload_into: the source must be a host tensor");
+    HLM_CHECK(host.defined() && host.device() == Device::kCpu,
+              "upload_into: the source must be a host tensor");
     expect_cuda(dst, "upload_into", "the destination", {dst.dtype()}, -1, "tensor");
     HLM_CHECK(host.numel() == dst.numel(), "upload_into: source {} and destination {} differ in size",
               host.describe(), dst.describe());
@@ -98,7 +99,8 @@ class CudaOps final : public Ops {
     HLM_CHECK(src.shape() == dst.shape(), "copy: src {} and dst {} differ in shape", src.describe(),
               dst.describe());
     if (src.nbytes() > 0) {
-      HLM_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, ctx_.stream()));
+      HLM_CUDA_CHECK(
+          cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, ctx_.stream()));
     }
   }
 
@@ -139,17 +141,23 @@ class CudaOps final : public Ops {
     return std::make_unique<CudaGraph>(exec, graph, ctx_.stream());
   }
 
-  Tensor embedding(const Tensor& table, const Tensor& ids) override { return cuda::embedding(ctx_, table, ids); }
+  Tensor embedding(const Tensor& table, const Tensor& ids) override {
+    return cuda::embedding(ctx_, table, ids);
+  }
   Tensor linear(const Tensor& x, const Tensor& w, bool f32_out) override {
     return cuda::linear(ctx_, x, w, f32_out);
   }
-  Tensor rms_norm(const Tensor& x, const Tensor& w, float eps) override { return cuda::rms_norm(ctx_, x, w, eps); }
+  Tensor rms_norm(const Tensor& x, const Tensor& w, float eps) override {
+    return cuda::rms_norm(ctx_, x, w, eps);
+  }
   void add_inplace(Tensor& y, const Tensor& x) override { cuda::add_inplace(ctx_, y, x); }
   Tensor glu(const Tensor& gate, const Tensor& up, const ActivationParams& act) override {
     return cuda::glu(ctx_, gate, up, act);
   }
   Tensor sigmoid(const Tensor& x) override { return cuda::sigmoid(ctx_, x); }
-  void sigmoid_gate_inplace(Tensor& y, const Tensor& gate) override { cuda::sigmoid_gate_inplace(ctx_, y, gate); }
+  void sigmoid_gate_inplace(Tensor& y, const Tensor& gate) override {
+    cuda::sigmoid_gate_inplace(ctx_, y, gate);
+  }
   Tensor attn_res(const std::vector<Tensor>& candidates, const Tensor& proj, const Tensor& norm,
                   float eps) override {
     return cuda::attn_res(ctx_, candidates, proj, norm, eps);
@@ -161,13 +169,16 @@ class CudaOps final : public Ops {
     return cuda::slice_last(ctx_, x, begin, end);
   }
   Tensor concat_last(const Tensor& a, const Tensor& b) override { return cuda::concat_last(ctx_, a, b); }
-  Tensor gather_rows(const Tensor& x, const Tensor& rows) override { return cuda::gather_rows(ctx_, x, rows); }
+  Tensor gather_rows(const Tensor& x, const Tensor& rows) override {
+    return cuda::gather_rows(ctx_, x, rows);
+  }
   Tensor transpose01(const Tensor& x) override { return cuda::transpose01(ctx_, x); }
 
   Tensor short_conv(const Tensor& x, const Tensor& w, const SeqBatch& seqs, Tensor& state) override {
     return cuda::short_conv(ctx_, x, w, seqs, state);
   }
-  Tensor kda_gate(const Tensor& graw, const Tensor& a_log, const Tensor& dt_bias, float lower_bound) override {
+  Tensor kda_gate(const Tensor& graw, const Tensor& a_log, const Tensor& dt_bias,
+                  float lower_bound) override {
     return cuda::kda_gate(ctx_, graw, a_log, dt_bias, lower_bound);
   }
   Tensor kda_prefill(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,

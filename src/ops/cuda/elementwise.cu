@@ -41,8 +41,9 @@ unsigned grid_for(int64_t n) {
   return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(blocks_for(n, kThreads), 1), 132 * 16));
 }
 
-#define HLM_GRID_STRIDE(i, n) \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += gridDim.x * static_cast<int64_t>(blockDim.x))
+#define HLM_GRID_STRIDE(i, n)                                                            \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += gridDim.x * static_cast<int64_t>(blockDim.x))
 
 // --- embedding -------------------------------------------------------------------------------------------
 struct EmbeddingParams {
@@ -58,14 +59,15 @@ __global__ void embedding_kernel(EmbeddingParams p) {
   HLM_GRID_STRIDE(i, p.tokens * p.dim) {
     const int64_t t = i / p.dim, d = i % p.dim;
     const int id = p.ids[t];
-    p.out[i] = id >= 0 && id < p.vocab ? p.table[static_cast<int64_t>(id) * p.dim + d] : __int_as_float(0x7fc00000);
+    p.out[i] =
+        id >= 0 && id < p.vocab ? p.table[static_cast<int64_t>(id) * p.dim + d] : __int_as_float(0x7fc00000);
   }
 }
 
 // --- RMSNorm ---------------------------------------------------------------------------------------------
 struct RmsNormParams {
-  In x;   // [rows, D]
-  In w;   // [D]
+  In x;     // [rows, D]
+  In w;     // [D]
   bf16* y;  // [rows, D]
   int64_t rows, dim;
   float eps;
@@ -129,8 +131,9 @@ __global__ void convert_kernel(BinaryParams p) {
   HLM_GRID_STRIDE(i, p.n) { p.y.set(i, p.a[i]); }
 }
 
-// --- layout movers (dtype-agnostic: elements of `Elem` bytes) ------------------------------------------------
-// Copies a [rows, cols] block with row strides (in elements) src_ld/dst_ld; one thread per element.
+// --- layout movers (dtype-agnostic: elements of `Elem` bytes)
+// ------------------------------------------------ Copies a [rows, cols] block with row strides (in elements)
+// src_ld/dst_ld; one thread per element.
 template <class Elem>
 struct Copy2dParams {
   const Elem* src;
@@ -164,12 +167,12 @@ void launch_copy2d(const Copy2dParams<Elem>& p, cudaStream_t stream) {
 }
 
 // Dispatches on the element size; rows/cols/strides are in elements of that size.
-void copy2d(CudaContext& ctx, const void* src, void* dst, size_t elem, int64_t rows, int64_t cols, int64_t src_ld,
-            int64_t dst_ld, const int* rows_index = nullptr, int64_t src_rows = 0) {
+void copy2d(CudaContext& ctx, const void* src, void* dst, size_t elem, int64_t rows, int64_t cols,
+            int64_t src_ld, int64_t dst_ld, const int* rows_index = nullptr, int64_t src_rows = 0) {
   switch (elem) {
     case 1:
-      launch_copy2d(Copy2dParams<uint8_t>{static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), rows_index,
-                                          src_rows, rows, cols, src_ld, dst_ld},
+      launch_copy2d(Copy2dParams<uint8_t>{static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst),
+                                          rows_index, src_rows, rows, cols, src_ld, dst_ld},
                     ctx.stream());
       return;
     case 2:
@@ -229,14 +232,17 @@ __global__ void random_kernel(RandomParams p) {
   HLM_GRID_STRIDE(i, p.n) {
     if (p.bytes != nullptr) {
       const uint64_t span = static_cast<uint64_t>(p.fill.byte_hi) - p.fill.byte_lo + 1;
-      p.bytes[i] = static_cast<uint8_t>(p.fill.byte_lo + hash3(p.fill.seed, static_cast<uint64_t>(i), 1) % span);
+      p.bytes[i] =
+          static_cast<uint8_t>(p.fill.byte_lo + hash3(p.fill.seed, static_cast<uint64_t>(i), 1) % span);
     } else {
-      p.out.set(i, p.fill.offset + p.fill.scale * (2.0f * uniform01(p.fill.seed, static_cast<uint64_t>(i), 0) - 1.0f));
+      p.out.set(i, p.fill.offset +
+                       p.fill.scale * (2.0f * uniform01(p.fill.seed, static_cast<uint64_t>(i), 0) - 1.0f));
     }
   }
 }
 
-void launch_binary(void (*kernel)(BinaryParams), const BinaryParams& p, cudaStream_t stream, const char* name) {
+void launch_binary(void (*kernel)(BinaryParams), const BinaryParams& p, cudaStream_t stream,
+                   const char* name) {
   if (p.n == 0) return;
   kernel<<<grid_for(p.n), kThreads, 0, stream>>>(p);
   HLM_CHECK_LAUNCH(name);
@@ -252,8 +258,12 @@ Tensor embedding(CudaContext& ctx, const Tensor& table, const Tensor& ids) {
   expect_cuda(table, "embedding", "table", {DType::kF32, DType::kBF16}, 2, "[V, D]");
   expect_cuda(ids, "embedding", "ids", {DType::kI32}, 1, "[T]");
   Tensor out = ctx.empty({ids.dim(0), table.dim(1)}, DType::kF32);  // [T, D]
-  const EmbeddingParams p{in_of(table), static_cast<const int*>(ids.raw()), static_cast<float*>(out.raw()),
-                          table.dim(0), table.dim(1), ids.dim(0)};
+  const EmbeddingParams p{in_of(table),
+                          static_cast<const int*>(ids.raw()),
+                          static_cast<float*>(out.raw()),
+                          table.dim(0),
+                          table.dim(1),
+                          ids.dim(0)};
   if (out.numel() > 0) {
     embedding_kernel<<<grid_for(out.numel()), kThreads, 0, ctx.stream()>>>(p);
     HLM_CHECK_LAUNCH("embedding");
@@ -289,8 +299,8 @@ Tensor glu(CudaContext& ctx, const Tensor& gate, const Tensor& up, const Activat
   expect_same_shape(gate, up, "glu", "gate", "up");
   Tensor y = ctx.empty(gate.shape(), DType::kBF16);  // [T, I]
   launch_binary(glu_kernel,
-                BinaryParams{out_of(y), in_of(gate), in_of(up), y.numel(), static_cast<int>(act.kind), act.situ_beta,
-                             act.situ_linear_beta},
+                BinaryParams{out_of(y), in_of(gate), in_of(up), y.numel(), static_cast<int>(act.kind),
+                             act.situ_beta, act.situ_linear_beta},
                 ctx.stream(), "glu");
   return y;
 }
@@ -317,7 +327,8 @@ void convert(CudaContext& ctx, const Tensor& src, Tensor& dst) {
   HLM_CHECK(src.numel() == dst.numel(), "convert: {} and {} differ in size", src.describe(), dst.describe());
   if (src.dtype() == dst.dtype()) {
     if (src.nbytes() > 0) {
-      HLM_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, ctx.stream()));
+      HLM_CUDA_CHECK(
+          cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, ctx.stream()));
     }
     return;
   }
@@ -329,14 +340,14 @@ Tensor slice_last(CudaContext& ctx, const Tensor& x, int64_t begin, int64_t end)
   expect_cuda(x, "slice_last", "x", {x.dtype()}, -1, "[..., C]");
   HLM_CHECK(x.rank() >= 1, "slice_last: x must have at least one dimension");
   const int64_t cols = x.dim(-1);
-  HLM_CHECK(0 <= begin && begin <= end && end <= cols, "slice_last: columns [{}, {}) are outside [0, {}) of {}",
-            begin, end, cols, x.describe());
+  HLM_CHECK(0 <= begin && begin <= end && end <= cols,
+            "slice_last: columns [{}, {}) are outside [0, {}) of {}", begin, end, cols, x.describe());
   Shape shape = x.shape();
   shape.back() = end - begin;
   Tensor y = ctx.empty(shape, x.dtype());  // [..., end - begin]
   const size_t elem = dtype_size(x.dtype());
-  copy2d(ctx, static_cast<const std::byte*>(x.raw()) + begin * elem, y.raw(), elem, leading_rows(x), end - begin,
-         cols, end - begin);
+  copy2d(ctx, static_cast<const std::byte*>(x.raw()) + begin * elem, y.raw(), elem, leading_rows(x),
+         end - begin, cols, end - begin);
   return y;
 }
 

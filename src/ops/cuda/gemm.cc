@@ -46,7 +46,8 @@ struct GemmPlan {
   cublasLtMatmulAlgo_t algo{};
 };
 
-cublasLtMatrixLayout_t make_layout(DType t, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
+cublasLtMatrixLayout_t make_layout(DType t, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
+                                   int64_t stride) {
   cublasLtMatrixLayout_t l = nullptr;
   HLM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, cuda_type(t), static_cast<uint64_t>(rows),
                                               static_cast<uint64_t>(cols), ld));
@@ -78,8 +79,8 @@ const GemmPlan& plan_for(CudaContext& ctx, const GemmShape& s) {
   cublasLtMatmulPreference_t pref = nullptr;
   HLM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const size_t ws = ctx.gemm_workspace_bytes();
-  HLM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                                        sizeof(ws)));
+  HLM_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   // Plans are reused for any pointers of the shape; 16 bytes is what every operand here guarantees.
   const uint32_t align = 16;
   for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
@@ -107,8 +108,8 @@ void run_gemm(CudaContext& ctx, const GemmShape& s, const void* a, const void* b
   }
   const GemmPlan& p = plan_for(ctx, s);
   const float alpha = 1.0f, beta = 0.0f;
-  HLM_CUBLAS_CHECK(cublasLtMatmul(ctx.cublaslt(), p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.c, c, p.c, &p.algo,
-                                  ctx.gemm_workspace(), ctx.gemm_workspace_bytes(), ctx.stream()));
+  HLM_CUBLAS_CHECK(cublasLtMatmul(ctx.cublaslt(), p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.c, c, p.c,
+                                  &p.algo, ctx.gemm_workspace(), ctx.gemm_workspace_bytes(), ctx.stream()));
 }
 
 // x in the GEMM's operand dtype: as is, or converted into step scratch.
@@ -127,7 +128,8 @@ Tensor linear(CudaContext& ctx, const Tensor& x, const Tensor& w, bool f32_out) 
   expect_dim(w, 1, x.dim(1), "linear", "w [out, in]", "the input width of x [T, in]");
   const int64_t t = x.dim(0), in = x.dim(1), out = w.dim(0);
   const Tensor xa = as_operand(ctx, x, w.dtype());
-  Tensor y = ctx.empty({t, out}, f32_out || w.dtype() == DType::kF32 ? DType::kF32 : DType::kBF16);  // [T, out]
+  Tensor y =
+      ctx.empty({t, out}, f32_out || w.dtype() == DType::kF32 ? DType::kF32 : DType::kBF16);  // [T, out]
   GemmShape s;
   s.trans_a = true;
   s.m = out;
@@ -144,7 +146,8 @@ Tensor linear(CudaContext& ctx, const Tensor& x, const Tensor& w, bool f32_out) 
 
 Tensor head_matmul(CudaContext& ctx, const Tensor& x, const Tensor& w, bool w_transposed) {
   expect_cuda(x, "head_matmul", "x", {DType::kBF16, DType::kF32}, 3, "[T, H, a]");
-  expect_cuda(w, "head_matmul", "w", {DType::kBF16, DType::kF32}, 3, w_transposed ? "[H, b, a]" : "[H, a, b]");
+  expect_cuda(w, "head_matmul", "w", {DType::kBF16, DType::kF32}, 3,
+              w_transposed ? "[H, b, a]" : "[H, a, b]");
   expect_dim(w, 0, x.dim(1), "head_matmul", "w", "the head count of x [T, H, a]");
   expect_dim(w, w_transposed ? 2 : 1, x.dim(2), "head_matmul", "w", "the last dimension of x [T, H, a]");
   const int64_t t = x.dim(0), heads = x.dim(1), a = x.dim(2), b = w_transposed ? w.dim(1) : w.dim(2);

@@ -91,12 +91,15 @@ TEST(MemoryPlan, DecodeFloorCountsK3ExpertsAtTheLatentWidth) {
     return s.typical_dtype == DType::kU8 ? DType::kU8 : DType::kF32;
   };
   const RankWeightBytes w = rank_weight_bytes(weight_layout(cfg), m, held);
-  const auto cat = [&](WeightCategory c) { return static_cast<double>(w.by_category[static_cast<size_t>(c)]); };
+  const auto cat = [&](WeightCategory c) {
+    return static_cast<double>(w.by_category[static_cast<size_t>(c)]);
+  };
   const double dense = static_cast<double>(w.total) - cat(WeightCategory::kRoutedExperts) -
                        cat(WeightCategory::kEmbedding) + 4.0 * static_cast<double>(cfg.hidden_size);
   // Batch 1 on one of 16 EP ranks: k / 16 of the experts a token touches, each three I x latent matrices in
   // e2m1 codes (half a byte per weight) plus one scale byte per 32 weights.
-  const double expert = 3.0 * static_cast<double>(cfg.moe_intermediate_size * cfg.moe_latent_size) * (0.5 + 1.0 / 32);
+  const double expert =
+      3.0 * static_cast<double>(cfg.moe_intermediate_size * cfg.moe_latent_size) * (0.5 + 1.0 / 32);
   const double experts = cfg.num_moe_layers() * (static_cast<double>(cfg.experts_per_token) / 16.0) * expert;
   const StateBytes s = state_bytes(cfg, m, 4, 4);
   const int64_t context = 4096;

@@ -8,8 +8,8 @@
 #include <numeric>
 
 #include "ops/cpu/cpu_ops.h"
-#include "weights/mxfp4.h"
 #include "ops_test_util.h"
+#include "weights/mxfp4.h"
 
 namespace hlm {
 namespace {
@@ -205,7 +205,8 @@ TEST(MoeOps, ExpertsMatchReferenceAndSplitOverRanks) {
         x, idx, weights, ExpertWeights{gate.slice(0, half), up.slice(0, half), down.slice(0, half)}, 0, act);
     Tensor second = ops->moe_experts(
         x, idx, weights,
-        ExpertWeights{gate.slice(half, experts), up.slice(half, experts), down.slice(half, experts)}, half, act);
+        ExpertWeights{gate.slice(half, experts), up.slice(half, experts), down.slice(half, experts)}, half,
+        act);
     EXPECT_TRUE(all_close(second,
                           experts_reference(x, idx, weights, gate.slice(half, experts),
                                             up.slice(half, experts), down.slice(half, experts), half, act),
@@ -224,10 +225,17 @@ TEST(MoeOps, ExpertsRejectBadShapes) {
   Tensor down = random_tensor({2, 8, 4}, rng), weights = random_tensor({3, 2}, rng);
   Tensor idx = Tensor::from_vector_i32({3, 2}, {0, 1, 1, 0, 0, 1});
   EXPECT_NO_THROW(ops->moe_experts(x, idx, weights, ExpertWeights{gate, up, down}, 0, {}));
-  EXPECT_THROW(ops->moe_experts(x, idx, weights, ExpertWeights{gate, up, random_tensor({2, 4, 8}, rng)}, 0, {}), Error);
-  EXPECT_THROW(ops->moe_experts(x, idx, weights, ExpertWeights{gate, random_tensor({2, 5, 8}, rng), down}, 0, {}), Error);
-  EXPECT_THROW(ops->moe_experts(x, idx, random_tensor({3, 3}, rng), ExpertWeights{gate, up, down}, 0, {}), Error);
-  EXPECT_THROW(ops->moe_experts(random_tensor({3, 9}, rng), idx, weights, ExpertWeights{gate, up, down}, 0, {}), Error);
+  EXPECT_THROW(
+      ops->moe_experts(x, idx, weights, ExpertWeights{gate, up, random_tensor({2, 4, 8}, rng)}, 0, {}),
+      Error);
+  EXPECT_THROW(
+      ops->moe_experts(x, idx, weights, ExpertWeights{gate, random_tensor({2, 5, 8}, rng), down}, 0, {}),
+      Error);
+  EXPECT_THROW(ops->moe_experts(x, idx, random_tensor({3, 3}, rng), ExpertWeights{gate, up, down}, 0, {}),
+               Error);
+  EXPECT_THROW(
+      ops->moe_experts(random_tensor({3, 9}, rng), idx, weights, ExpertWeights{gate, up, down}, 0, {}),
+      Error);
   EXPECT_THROW(ops->moe_experts(x, Tensor::from_vector_i32({3, 2}, {0, -1, 1, 0, 0, 1}), weights,
                                 ExpertWeights{gate, up, down}, 0, {}),
                Error);
@@ -241,7 +249,8 @@ TEST(MoeOps, PackedMxfp4ExpertsEqualTheirDequantizedDenseForm) {
     Tensor codes = Tensor::empty({experts, r, c / 2}, DType::kU8);
     Tensor scales = Tensor::empty({experts, r, c / 32}, DType::kU8);
     for (int64_t i = 0; i < codes.numel(); ++i) codes.data<uint8_t>()[i] = static_cast<uint8_t>(rng());
-    for (int64_t i = 0; i < scales.numel(); ++i) scales.data<uint8_t>()[i] = static_cast<uint8_t>(120 + rng() % 4);
+    for (int64_t i = 0; i < scales.numel(); ++i)
+      scales.data<uint8_t>()[i] = static_cast<uint8_t>(120 + rng() % 4);
     return std::pair{codes, scales};
   };
   auto dense = [&](const std::pair<Tensor, Tensor>& p) {
