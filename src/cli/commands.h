@@ -15,5 +15,6 @@ CommandRunner add_logits_command(CLI::App& app);
 CommandRunner add_inspect_command(CLI::App& app);
 CommandRunner add_plan_command(CLI::App& app);
 CommandRunner add_bench_command(CLI::App& app);
+CommandRunner add_bench_comm_command(CLI::App& app);
 
 }  // namespace hlm

@@ -1,13 +1,13 @@
 #include "cli/session.h"
 
 #include <charconv>
-#include <cstdlib>
 #include <filesystem>
 
 #include "base/log.h"
 #include "model/memory_plan.h"
 #include "model/weight_source.h"
 #include "parallel/layout_rules.h"
+#include "runtime/device_comm.h"
 
 namespace hlm {
 
@@ -36,6 +36,16 @@ void add_session_options(CLI::App& cmd, SessionOptions& o) {
       ->check(CLI::Range(0.05, 1.0))
       ->capture_default_str();
   cmd.add_flag("!--no-cuda-graphs", o.cuda_graphs, "Run decode steps without CUDA graphs (debugging)");
+  cmd.add_option("--comm-timeout", o.comm_timeout,
+                 "Seconds a rank waits for its peers in one collective before ending the job")
+      ->capture_default_str();
+  cmd.add_option(
+         "--ll-all-reduce-max-bytes", o.ll_all_reduce_max_bytes,
+         "GPU all-reduces up to this size go over NVLink peer memory, larger ones through NCCL (0: NCCL)")
+      ->capture_default_str();
+  cmd.add_option("--ll-all-to-all-max-bytes", o.ll_all_to_all_max_bytes,
+                 "GPU all-to-alls sending up to this much to each peer go over NVLink peer memory (0: NCCL)")
+      ->capture_default_str();
   cmd.add_flag("!--no-warmup", o.warmup, "Skip the start-up warmup step");
 }
 
@@ -59,14 +69,6 @@ std::vector<int32_t> parse_ids(const std::string& text, const char* flag) {
 
 namespace {
 
-// The rank's index among the ranks of its host (OpenMPI and PMI set it), for picking its GPU.
-int local_rank(int rank) {
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
-    if (const char* v = std::getenv(name)) return std::atoi(v);
-  }
-  return rank;
-}
-
 ModelConfig session_config(const SessionOptions& o) {
   if (o.random_weights) {
     HLM_CHECK(!o.config_path.empty(), "--random-weights needs --config FILE (a config.json)");
@@ -88,6 +90,11 @@ ModelConfig session_config(const SessionOptions& o) {
 }  // namespace
 
 Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
+  HLM_CHECK(o.comm_timeout > 0, "--comm-timeout must be positive (got {})", o.comm_timeout);
+  HLM_CHECK(
+      o.ll_all_reduce_max_bytes >= 0 && o.ll_all_to_all_max_bytes >= 0,
+      "--ll-all-reduce-max-bytes and --ll-all-to-all-max-bytes must be >= 0 (0: NCCL only), got {} and {}",
+      o.ll_all_reduce_max_bytes, o.ll_all_to_all_max_bytes);
   int world = 1, rank = 0;
   mpi_world(&world, &rank);
   HLM_CHECK(
@@ -98,7 +105,7 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
   // Every layout rule is checked before a single weight is read.
   check_layout(config_, LayoutRequest{o.tp, o.cp, o.moe_ep, o.moe_tp, o.engine.tokens_per_block});
   Mapping mapping = Mapping::make(o.tp, o.cp, rank, o.moe_ep, o.moe_tp);
-  comm_ = world > 1 ? make_mpi_comm(mapping) : make_single_comm();
+  host_comm_ = world > 1 ? make_mpi_comm(mapping) : make_single_comm();
 
   const Device device = resolve_device(o.device);
   BackendOptions bo;
@@ -108,6 +115,12 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
   if (device == Device::kCuda) bo.cuda_device = local_rank(rank) % std::max(1, cuda_device_count(&why));
   ops_ = make_ops(device, bo);
   spdlog::info("device: {}", device == Device::kCuda ? fmt::format("cuda:{}", bo.cuda_device) : "cpu");
+  GpuCommOptions gco;
+  gco.ll_all_reduce_max_bytes = o.ll_all_reduce_max_bytes;
+  gco.ll_all_to_all_max_bytes = o.ll_all_to_all_max_bytes;
+  gco.ll_slot_bytes = std::max({gco.ll_slot_bytes, o.ll_all_reduce_max_bytes, o.ll_all_to_all_max_bytes});
+  device_comm_ = make_device_comm(*host_comm_, mapping, *ops_, gco);
+  comm().set_timeout(o.comm_timeout);
 
   EngineOptions eo = o.engine;
   eo.max_seq_len = o.max_seq_len > 0 ? o.max_seq_len : (max_seq_len_hint > 0 ? max_seq_len_hint : 4096);
@@ -137,7 +150,7 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
               human_bytes(need), human_bytes(std::max<int64_t>(budget, 0)), o.gpu_memory_fraction,
               human_bytes(mem.free), human_bytes(mem.total));
   }
-  model_ = std::make_unique<Model>(config_, mapping, *ops_, *comm_, *weights);
+  model_ = std::make_unique<Model>(config_, mapping, *ops_, comm(), *weights);
   weights.reset();
 
   if (device == Device::kCuda) {
@@ -152,7 +165,7 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
     ops_->reserve_workspace(plan.workspace_bytes);
     eo.num_pages = plan.pages;
   }
-  engine_ = std::make_unique<Engine>(*model_, *comm_, eo);
+  engine_ = std::make_unique<Engine>(*model_, comm(), eo);
   if (o.warmup) engine_->warmup();
 }
 

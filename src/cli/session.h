@@ -31,6 +31,12 @@ struct SessionOptions {
   DeviceChoice device = DeviceChoice::kAuto;
   double gpu_memory_fraction = 0.90;
   bool cuda_graphs = true;
+  // Seconds a rank waits for its peers in one collective before every rank ends (GPU collectives over
+  // peer memory check it on the device).
+  double comm_timeout = 600;
+  // GPU collectives over NVLink peer memory up to these sizes, NCCL above (0: NCCL only).
+  int64_t ll_all_reduce_max_bytes = 64 << 10;
+  int64_t ll_all_to_all_max_bytes = 1 << 20;
   EngineOptions engine;
   // The most tokens one engine step runs (sizes a device backend's scratch arena); 0: max_seq_len.
   int64_t max_step_tokens = 0;
@@ -43,7 +49,8 @@ struct SessionOptions {
 };
 
 // Adds -m, --tp, --cp, --moe-ep, --moe-tp, --threads, --tokens-per-block, --max-batch, --max-seq-len,
-// --device, --gpu-memory-fraction, --no-cuda-graphs, --no-warmup.
+// --device, --gpu-memory-fraction, --no-cuda-graphs, --comm-timeout, --ll-all-reduce-max-bytes,
+// --ll-all-to-all-max-bytes, --no-warmup.
 void add_session_options(CLI::App& cmd, SessionOptions& o);
 
 class Session {
@@ -53,7 +60,9 @@ class Session {
   Session(const SessionOptions& options, int64_t max_seq_len_hint);
   ~Session();
 
-  bool is_driver() const { return comm_->rank() == 0; }
+  bool is_driver() const { return host_comm_->rank() == 0; }
+  // The Comm the model uses: the GPU Comm on several GPUs, the MPI or single-rank Comm otherwise.
+  Comm& comm() { return device_comm_ != nullptr ? *device_comm_ : *host_comm_; }
   Engine& engine() { return *engine_; }
   Model& model() { return *model_; }
   Ops& ops() { return *ops_; }
@@ -64,8 +73,9 @@ class Session {
 
  private:
   ModelConfig config_;
-  std::unique_ptr<Comm> comm_;
+  std::unique_ptr<Comm> host_comm_;
   std::unique_ptr<Ops> ops_;
+  std::unique_ptr<Comm> device_comm_;  // after ops_: it runs on their stream
   std::unique_ptr<Checkpoint> checkpoint_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Engine> engine_;

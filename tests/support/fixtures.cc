@@ -10,6 +10,7 @@
 #include "base/npy.h"
 #include "model/memory_plan.h"
 #include "ops/backend.h"
+#include "runtime/device_comm.h"
 
 namespace hlm::test {
 
@@ -53,15 +54,20 @@ GoldenCase load_golden_case(const std::string& name) {
 Runner::Runner(const std::string& model_dir, const Mapping& mapping, Comm& comm, EngineOptions options,
                Device device) {
   config_ = load_model_config(model_dir + "/config.json");
-  ops_ = make_ops(device, BackendOptions{});
+  BackendOptions backend;
+  if (device == Device::kCuda)
+    backend.cuda_device = local_rank(comm.rank()) % std::max(1, cuda_device_count(nullptr));
+  ops_ = make_ops(device, backend);
+  device_comm_ = make_device_comm(comm, mapping, *ops_);
+  Comm& c = device_comm_ != nullptr ? *device_comm_ : comm;
   checkpoint_ = std::make_unique<Checkpoint>(model_dir);
-  model_ = std::make_unique<Model>(config_, mapping, *ops_, comm, *checkpoint_);
+  model_ = std::make_unique<Model>(config_, mapping, *ops_, c, *checkpoint_);
   if (device == Device::kCuda) {
     ops_->reserve_workspace(step_scratch_bytes(config_, mapping, options.max_seq_len, options.max_seq_len));
   } else {
     options.cuda_graphs = false;
   }
-  engine_ = std::make_unique<Engine>(*model_, comm, options);
+  engine_ = std::make_unique<Engine>(*model_, c, options);
   if (options.cuda_graphs) engine_->warmup();
 }
 

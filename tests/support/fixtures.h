@@ -30,8 +30,10 @@ struct GoldenCase {
 std::vector<std::string> golden_case_names();
 GoldenCase load_golden_case(const std::string& name);
 
-// A model and engine for one rank, on the CPU or the CUDA backend (GPU 0). A CUDA runner reserves the step
-// workspace for steps of up to options.max_seq_len tokens and, with options.cuda_graphs, warms up and
+// A model and engine for one rank, on the CPU or the CUDA backend (the GPU of the rank's local index under
+// mpirun, GPU 0 otherwise). A CUDA runner on several ranks runs its collectives through a GPU Comm built
+// over `comm` (collectively: every rank builds its runners in the same order). A CUDA runner reserves the
+// step workspace for steps of up to options.max_seq_len tokens and, with options.cuda_graphs, warms up and
 // captures the decode graphs.
 class Runner {
  public:
@@ -45,6 +47,7 @@ class Runner {
  private:
   ModelConfig config_;
   std::unique_ptr<Ops> ops_;
+  std::unique_ptr<Comm> device_comm_;  // the GPU Comm on several GPUs
   std::unique_ptr<Checkpoint> checkpoint_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Engine> engine_;

@@ -1,0 +1,176 @@
+// Helix on GPUs, one process per GPU (CTest: `with_gpus.sh 2 mpirun -np 2 gpu_helix_test --tp T --cp C`):
+// every golden fixture on tp·cp GPUs against the same engine on one GPU (rank 0's) — logits within
+// relative L2 1e-2 through chunked prefill and decode, and greedy ids equal up to the first position where
+// the one-GPU run's top-2 margin is below 0.1 (beyond a near tie bf16 may pick the other token), with
+// decode steps eager and replayed as CUDA graphs; on every rank the pages held equal local_len and the
+// weight bytes read equal the plan. Rank 0 drives the engine; the others serve the same steps.
+// Checks use EXPECT, never ASSERT, and exceptions end the process: a rank that left early would leave
+// the others waiting in a collective.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+
+#include "fixtures.h"
+#include "gpu_test_util.h"
+#include "helix_checks.h"
+#include "parallel/layout_rules.h"
+#include "runtime/generate.h"
+
+namespace hlm::test {
+namespace {
+
+int g_tp = 1;
+int g_cp = 1;
+std::unique_ptr<Comm> g_comm;
+
+constexpr double kLogitRelL2 = 1e-2;
+constexpr float kGreedyMargin = 0.1f;
+constexpr int64_t kPageSize = 16;  // small pages: prompts span many pages and every rank owns several
+constexpr int64_t kPrefillChunk = 23;
+
+Mapping mapping() { return Mapping::make(g_tp, g_cp, g_comm->rank()); }
+
+EngineOptions engine_options(bool graphs) {
+  EngineOptions o;
+  o.tokens_per_block = kPageSize;
+  o.max_batch = 4;
+  o.max_seq_len = 256;
+  o.cuda_graphs = graphs;
+  return o;
+}
+
+std::vector<int32_t> full_sequence(const GoldenPrompt& p) {
+  std::vector<int32_t> ids = p.ids;
+  ids.insert(ids.end(), p.greedy.begin(), p.greedy.end());
+  return ids;
+}
+
+class GpuHelix : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const ModelConfig cfg =
+        load_model_config(std::string(HLM_FIXTURES_DIR) + "/" + GetParam() + "/config.json");
+    const std::vector<std::string> violations =
+        layout_violations(cfg, LayoutRequest{g_tp, g_cp, 0, 0, kPageSize});
+    if (!violations.empty()) GTEST_SKIP() << violations.front();
+    golden_ = load_golden_case(GetParam());
+  }
+  bool driver() const { return g_comm->rank() == 0; }
+  // Built by every rank in the same order (the GPU Comm and, with graphs, warmup are collective).
+  std::unique_ptr<Runner> helix_runner(bool graphs) {
+    return std::make_unique<Runner>(golden_.model_dir, mapping(), *g_comm, engine_options(graphs),
+                                    Device::kCuda);
+  }
+  void logits_and_greedy_ids_match_one_gpu(bool graphs);
+
+  GoldenCase golden_;
+};
+
+void GpuHelix::logits_and_greedy_ids_match_one_gpu(bool graphs) {
+  auto helix = helix_runner(graphs);
+  Engine& engine = helix->engine();
+  if (!driver()) {
+    engine.serve();
+    return;
+  }
+  auto single_comm = make_single_comm();
+  Runner single(golden_.model_dir, Mapping::make(1, 1, 0), *single_comm, engine_options(graphs),
+                Device::kCuda);
+  const std::string label = std::string("[gpu helix] tp ") + std::to_string(g_tp) + " cp " +
+                            std::to_string(g_cp) + (graphs ? " graphs " : " eager ") + GetParam();
+  for (size_t i = 0; i < golden_.prompts.size(); ++i) {
+    const GoldenPrompt& p = golden_.prompts[i];
+    const std::vector<int32_t> ids = full_sequence(p);
+    const auto prompt_len = static_cast<int64_t>(p.ids.size());
+    // Prefill in chunks that straddle pages and ranks, then decode every continuation token.
+    const Tensor got = sequence_logits(engine, 1, ids, prompt_len, kPrefillChunk);
+    const Tensor want = sequence_logits(single.engine(), 1, ids, prompt_len, kPrefillChunk);
+    const double err = rel_l2(got, want);
+    std::cout << label << " prompt " << i << " logits rel L2 vs one GPU = " << err << "\n";
+    EXPECT_LE(err, kLogitRelL2) << "prompt " << i;
+  }
+  std::vector<std::vector<int32_t>> prompts;
+  for (const GoldenPrompt& p : golden_.prompts) prompts.push_back(p.ids);
+  GenerateOptions o;
+  o.max_new_tokens = 24;
+  o.stop_at_eos = false;
+  o.step_tokens = 40;  // mixed ragged steps, then decode steps of the whole batch
+  const std::vector<std::vector<int32_t>> got = generate(engine, prompts, o);
+  const std::vector<std::vector<int32_t>> want = generate(single.engine(), prompts, o);
+  engine.stop();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    // The one-GPU run's own logits along its greedy path say where a flip would be legitimate.
+    std::vector<int32_t> path = prompts[i];
+    path.insert(path.end(), want[i].begin(), want[i].end());
+    const auto prompt_len = static_cast<int64_t>(prompts[i].size());
+    const Tensor logits = sequence_logits(single.engine(), 2, path, prompt_len);
+    const int64_t vocab = logits.dim(1);
+    EXPECT_EQ(got[i].size(), want[i].size()) << "prompt " << i;
+    size_t checked = 0;
+    for (size_t j = 0; j < want[i].size() && j < got[i].size(); ++j) {
+      if (top2_margin(logits.data<float>() + (prompt_len - 1 + static_cast<int64_t>(j)) * vocab, vocab) <
+          kGreedyMargin) {
+        break;
+      }
+      EXPECT_EQ(got[i][j], want[i][j]) << "prompt " << i << " position " << j;
+      ++checked;
+    }
+    std::cout << label << " prompt " << i << ": " << checked << " of " << want[i].size()
+              << " greedy ids checked (margin >= " << kGreedyMargin << ")\n";
+  }
+}
+
+TEST_P(GpuHelix, LogitsAndGreedyIdsMatchOneGpu) { logits_and_greedy_ids_match_one_gpu(false); }
+
+TEST_P(GpuHelix, LogitsAndGreedyIdsMatchOneGpuWithDecodeGraphs) { logits_and_greedy_ids_match_one_gpu(true); }
+
+TEST_P(GpuHelix, EveryRankHoldsExactlyItsPages) {
+  auto helix = helix_runner(false);
+  expect_each_rank_holds_its_pages(helix->engine(), *g_comm, mapping(),
+                                   full_sequence(golden_.prompts.back()));
+}
+
+TEST_P(GpuHelix, WeightBytesReadEqualPlan) {
+  auto helix = helix_runner(false);
+  expect_weight_bytes_equal_plan(*helix, golden_.model_dir, mapping());
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuHelix, ::testing::ValuesIn(golden_case_names()), [](const auto& info) {
+  std::string n = info.param;
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+});
+
+}  // namespace
+}  // namespace hlm::test
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  GTEST_FLAG_SET(catch_exceptions, false);
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--tp") == 0) hlm::test::g_tp = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--cp") == 0) hlm::test::g_cp = std::atoi(argv[i + 1]);
+  }
+  int world = 1, rank = 0;
+  hlm::mpi_world(&world, &rank);
+  if (world != hlm::test::g_tp * hlm::test::g_cp) {
+    std::cerr << "gpu_helix_test: launched with " << world << " ranks for --tp " << hlm::test::g_tp
+              << " --cp " << hlm::test::g_cp << "\n";
+    return 2;
+  }
+  std::string why;
+  const int gpus = hlm::cuda_device_count(&why);
+  if (gpus < world) {
+    std::cout << "gpu_helix_test: needs " << world << " GPUs, " << gpus << " visible"
+              << (gpus == 0 ? ": " + why : "") << "; skipped\n";
+    return 77;
+  }
+  const hlm::Mapping m = hlm::Mapping::make(hlm::test::g_tp, hlm::test::g_cp, rank);
+  hlm::test::g_comm = world > 1 ? hlm::make_mpi_comm(m) : hlm::make_single_comm();
+  const int rc = RUN_ALL_TESTS();
+  hlm::test::g_comm.reset();
+  return rc;
+}
