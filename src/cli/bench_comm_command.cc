@@ -134,6 +134,7 @@ int run_bench_comm(const BenchCommArgs& a) {
   GpuCommOptions peer;
   peer.ll_all_reduce_max_bytes = peer.ll_all_to_all_max_bytes = peer.ll_slot_bytes =
       std::max(a.max_bytes, int64_t{1} << 20) * 2;
+  peer.require_peer_memory = true;
   GpuCommOptions nccl;
   nccl.ll_all_reduce_max_bytes = nccl.ll_all_to_all_max_bytes = 0;
   std::unique_ptr<Comm> ll = make_device_comm(*host, mapping, *ops, peer);

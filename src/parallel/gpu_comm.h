@@ -26,6 +26,9 @@ struct GpuCommOptions {
   int64_t ll_slot_bytes = 1 << 20;
   // Calls between two reuses of a flag value (even, >= 4); tests shorten it to exercise the wrap.
   uint32_t ll_flag_period = 0xfffffffeu;
+  // Fail (on every rank) instead of falling back to NCCL when a group cannot use peer memory: for tests and
+  // benchmarks of the peer-memory path.
+  bool require_peer_memory = false;
 };
 
 // Collective over every rank of `host`, which must outlive the result. The backend's GPU must be the

@@ -46,6 +46,14 @@ Env* g_env = nullptr;
 GpuCommOptions ll_everywhere() {
   GpuCommOptions o;
   o.ll_all_reduce_max_bytes = o.ll_all_to_all_max_bytes = o.ll_slot_bytes = kMaxBytes;
+  o.require_peer_memory = true;
+  return o;
+}
+
+// The defaults a run uses, except that NCCL may not stand in for peer memory unnoticed.
+GpuCommOptions defaults() {
+  GpuCommOptions o;
+  o.require_peer_memory = true;
   return o;
 }
 
@@ -137,16 +145,30 @@ std::vector<int64_t> element_counts(DType dtype) {
   return counts;
 }
 
-class GpuComm : public ::testing::TestWithParam<CommGroup> {
+// Tests of each collective run over the world and over the CP group (separate channels and NCCL
+// communicators); tests of the channel machinery (flag wrap, deadline, one-member groups) over the world
+// only, since each builds a GPU Comm of its own.
+template <class Base>
+class CommTest : public Base {
  protected:
   void SetUp() override {
     if (g_env == nullptr) GTEST_SKIP() << "no GPU Comm (see the start of the log)";
   }
+  virtual CommGroup group() const = 0;
   Env& env() { return *g_env; }
   Ops& ops() { return *g_env->ops; }
-  CommGroup group() const { return GetParam(); }
-  int members() const { return g_env->host->group_size(GetParam()); }
-  int me() const { return g_env->host->group_rank(GetParam()); }
+  int members() const { return g_env->host->group_size(group()); }
+  int me() const { return g_env->host->group_rank(group()); }
+};
+
+class GpuComm : public CommTest<::testing::TestWithParam<CommGroup>> {
+ protected:
+  CommGroup group() const override { return GetParam(); }
+};
+
+class GpuCommWorld : public CommTest<::testing::Test> {
+ protected:
+  CommGroup group() const override { return CommGroup::kWorld; }
 };
 
 TEST_P(GpuComm, AllReduceIsTheRankOrderSumOnEveryPath) {
@@ -314,12 +336,13 @@ TEST_P(GpuComm, GraphReplaysSeeNewDataAndAdvanceTheCalls) {
   }
 }
 
-TEST_P(GpuComm, FlagValuesWrapWithoutStaleData) {
+TEST_F(GpuCommWorld, FlagValuesWrapWithoutStaleData) {
   // Flags repeat every 4 calls here (2^32 - 2 by default), and messages alternate between long and short,
   // so stale lines of earlier calls lie beyond the short ones whenever a flag value comes back.
   GpuCommOptions o;
   o.ll_all_reduce_max_bytes = o.ll_all_to_all_max_bytes = o.ll_slot_bytes = 16 << 10;
   o.ll_flag_period = 4;
+  o.require_peer_memory = true;
   std::unique_ptr<Comm> c = make_device_comm(*env().host, env().mapping, ops(), o);
   const int n = members();
   for (uint64_t call = 0; call < 41; ++call) {
@@ -370,7 +393,7 @@ TEST_P(GpuComm, FlagValuesWrapWithoutStaleData) {
   }
 }
 
-TEST_P(GpuComm, OneMemberGroupsAreTheIdentity) {
+TEST_F(GpuCommWorld, OneMemberGroupsAreTheIdentity) {
   // The TP group of a tp = 1 layout has one member on every rank.
   const Tensor mine = member_data(me(), {37}, DType::kBF16, 3);
   Tensor t = ops().upload(mine);
@@ -394,11 +417,11 @@ TEST_P(GpuComm, AllGatherStacksEveryMember) {
   }
 }
 
-TEST_P(GpuComm, AWaitPastTheDeadlineFailsNamingThePeer) {
+TEST_F(GpuCommWorld, AWaitPastTheDeadlineFailsNamingThePeer) {
   // Only member 0 enters; it gives up after the deadline and reports member 1 (world rank 1 here). Member
   // 1 then enters the same call, which completes at once (member 0's data is already there), so both
   // channels end in step and the communicators are torn down normally.
-  std::unique_ptr<Comm> c = make_device_comm(*env().host, env().mapping, ops());
+  std::unique_ptr<Comm> c = make_device_comm(*env().host, env().mapping, ops(), defaults());
   c->set_timeout(1.0);
   Tensor t = ops().upload(member_data(me(), {64}, DType::kBF16, 11));
   if (me() == 0) {
@@ -460,7 +483,7 @@ int main(int argc, char** argv) {
   env.cpu = make_cpu_ops();
   env.ll = make_device_comm(*env.host, env.mapping, *env.ops, test::ll_everywhere());
   env.nccl = make_device_comm(*env.host, env.mapping, *env.ops, test::nccl_only());
-  env.dflt = make_device_comm(*env.host, env.mapping, *env.ops);
+  env.dflt = make_device_comm(*env.host, env.mapping, *env.ops, test::defaults());
   test::g_env = &env;
   const int rc = RUN_ALL_TESTS();
   test::g_env = nullptr;

@@ -127,15 +127,12 @@ TEST_P(GpuHelix, LogitsAndGreedyIdsMatchOneGpu) { logits_and_greedy_ids_match_on
 
 TEST_P(GpuHelix, LogitsAndGreedyIdsMatchOneGpuWithDecodeGraphs) { logits_and_greedy_ids_match_one_gpu(true); }
 
-TEST_P(GpuHelix, EveryRankHoldsExactlyItsPages) {
-  auto helix = helix_runner(false);
-  expect_each_rank_holds_its_pages(helix->engine(), *g_comm, mapping(),
-                                   full_sequence(golden_.prompts.back()));
-}
-
-TEST_P(GpuHelix, WeightBytesReadEqualPlan) {
+// One runner for both per-rank checks: every runner costs a GPU Comm set-up (NCCL and peer memory).
+TEST_P(GpuHelix, EveryRankReadsItsPlannedBytesAndHoldsItsPages) {
   auto helix = helix_runner(false);
   expect_weight_bytes_equal_plan(*helix, golden_.model_dir, mapping());
+  expect_each_rank_holds_its_pages(helix->engine(), *g_comm, mapping(),
+                                   full_sequence(golden_.prompts.back()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuHelix, ::testing::ValuesIn(golden_case_names()), [](const auto& info) {

@@ -36,6 +36,7 @@ constexpr int kGroups = 3;
 constexpr auto kWatchdogGrace = std::chrono::seconds(10);
 
 int index(CommGroup g) { return static_cast<int>(g); }
+const char* const kGroupNames[kGroups] = {"world", "TP", "CP"};  // by CommGroup
 
 // Written by the kernels, read by the host without a device synchronization (mapped pinned memory).
 struct HostControl {
@@ -92,7 +93,12 @@ class GpuComm final : public Comm {
     if (options_.ll_all_reduce_max_bytes > 0 || options_.ll_all_to_all_max_bytes > 0) {
       const ll::ChannelOptions co{options_.ll_slot_bytes, options_.ll_flag_period};
       for (CommGroup g : {CommGroup::kWorld, CommGroup::kTp, CommGroup::kCp}) {
-        if (sizes_[index(g)] > 1) ll_[index(g)] = ll::LlChannel::create(host_, g, co, error);
+        if (sizes_[index(g)] == 1) continue;
+        ll_[index(g)] = ll::LlChannel::create(host_, g, co, error);
+        HLM_CHECK(ll_[index(g)] != nullptr || !options_.require_peer_memory,
+                  "GPU collectives over peer memory were required, but a member of the {} group cannot map "
+                  "another's GPU memory (different hosts, no peer access, or CUDA IPC unavailable)",
+                  kGroupNames[index(g)]);
       }
     }
     watchdog_ = std::thread([this] { watch(); });
@@ -306,7 +312,6 @@ class GpuComm final : public Comm {
 
   std::string describe(int code) const {
     static const char* const kKinds[] = {"all_reduce", "all_to_all", "all_to_all + LSE combine"};
-    static const char* const kGroupNames[] = {"world", "TP", "CP"};
     const int kind = (code >> 16) & 0xff, group = (code >> 8) & 0xff, member = code & 0xff;
     return fmt::format(
         "rank {} did not answer within --comm-timeout {} s (this rank waited in a GPU {} of the {} group); "
