@@ -7,11 +7,11 @@
 
 #include "base/cuda_check.h"
 
-#define HLM_CUBLAS_CHECK(call)                                                        \
-  do {                                                                                \
-    const cublasStatus_t hlm_st_ = (call);                                            \
-    if (hlm_st_ != CUBLAS_STATUS_SUCCESS) [[unlikely]] {                              \
+#define HLM_CUBLAS_CHECK(call)                                                       \
+  do {                                                                               \
+    const cublasStatus_t hlm_st_ = (call);                                           \
+    if (hlm_st_ != CUBLAS_STATUS_SUCCESS) [[unlikely]] {                             \
       HLM_FAIL("cuBLAS error in {}: {} ({})", #call, cublasGetStatusString(hlm_st_), \
-               static_cast<int>(hlm_st_));                                            \
-    }                                                                                 \
+               static_cast<int>(hlm_st_));                                           \
+    }                                                                                \
   } while (0)
