@@ -16,5 +16,8 @@ CommandRunner add_inspect_command(CLI::App& app);
 CommandRunner add_plan_command(CLI::App& app);
 CommandRunner add_bench_command(CLI::App& app);
 CommandRunner add_bench_comm_command(CLI::App& app);
+CommandRunner add_tokenize_command(CLI::App& app);
+CommandRunner add_serve_command(CLI::App& app);
+CommandRunner add_chat_command(CLI::App& app);
 
 }  // namespace hlm

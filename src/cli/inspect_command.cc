@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "cli/format.h"
 #include "model/weight_layout.h"
+#include "weights/model_source.h"
 #include "weights/safetensors.h"
 
 namespace hlm {
@@ -94,8 +95,9 @@ int run_inspect(const std::string& dir) {
 CommandRunner add_inspect_command(CLI::App& app) {
   auto dir = std::make_shared<std::string>("models/kimi-linear-tiny");
   CLI::App* cmd = app.add_subcommand("inspect", "Describe a checkpoint: schedule, parameters, bytes");
-  cmd->add_option("-m,--model", *dir, "Checkpoint directory")->capture_default_str();
-  return [dir] { return run_inspect(*dir); };
+  cmd->add_option("-m,--model", *dir, "Checkpoint directory or cached Hugging Face repo id")
+      ->capture_default_str();
+  return [dir] { return run_inspect(resolve_model_dir(*dir)); };
 }
 
 }  // namespace hlm

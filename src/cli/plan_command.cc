@@ -14,6 +14,7 @@
 #include "cli/format.h"
 #include "model/memory_plan.h"
 #include "parallel/layout_rules.h"
+#include "weights/model_source.h"
 #include "weights/safetensors.h"
 
 namespace hlm {
@@ -45,10 +46,11 @@ int run_plan(const PlanArgs& a) {
   HLM_CHECK(a.context > 0 && a.batch > 0, "--context and --batch must be positive (got {}, {})", a.context,
             a.batch);
   const int64_t kv_bytes = kv_value_bytes(a.kv_dtype);
-  const std::string config_path = a.config.empty() ? a.model_dir + "/config.json" : a.config;
+  const std::string model_dir = a.model_dir.empty() ? "" : resolve_model_dir(a.model_dir);
+  const std::string config_path = a.config.empty() ? model_dir + "/config.json" : a.config;
   const ModelConfig cfg = load_model_config(config_path);
   std::unique_ptr<Checkpoint> ckpt;
-  if (!a.model_dir.empty()) ckpt = std::make_unique<Checkpoint>(a.model_dir);
+  if (!model_dir.empty()) ckpt = std::make_unique<Checkpoint>(model_dir);
 
   const LayoutRequest& req = a.layout;
   const int n = req.tp * req.cp;
@@ -125,7 +127,8 @@ CommandRunner add_plan_command(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
   CLI::App* cmd = app.add_subcommand("plan", "Size a Helix deployment from a config, without weights");
   cmd->add_option("--config", a->config, "config.json of the model");
-  cmd->add_option("-m,--model", a->model_dir, "Checkpoint directory (uses the stored dtypes)");
+  cmd->add_option("-m,--model", a->model_dir,
+                  "Checkpoint directory or cached Hugging Face repo id (uses the stored dtypes)");
   cmd->add_option("--tp", a->layout.tp, "MLA tensor-parallel width")->capture_default_str();
   cmd->add_option("--cp", a->layout.cp, "MLA context-parallel width")->capture_default_str();
   cmd->add_option("--moe-ep", a->layout.moe_ep, "MoE expert-parallel width (default: tp*cp)");

@@ -1,18 +1,19 @@
 #include "cli/session.h"
 
 #include <charconv>
-#include <filesystem>
 
 #include "base/log.h"
 #include "model/memory_plan.h"
 #include "model/weight_source.h"
 #include "parallel/layout_rules.h"
 #include "runtime/device_comm.h"
+#include "weights/model_source.h"
 
 namespace hlm {
 
 void add_session_options(CLI::App& cmd, SessionOptions& o) {
-  cmd.add_option("-m,--model", o.model_dir, "Checkpoint directory (config.json + safetensors)")
+  cmd.add_option("-m,--model", o.model_dir,
+                 "Checkpoint directory, or a Hugging Face repo id in the local cache")
       ->capture_default_str();
   cmd.add_option("--tp", o.tp, "MLA attention tensor-parallel width")->capture_default_str();
   cmd.add_option("--cp", o.cp, "MLA decode context-parallel width (KV pages striped over cp ranks)")
@@ -69,22 +70,18 @@ std::vector<int32_t> parse_ids(const std::string& text, const char* flag) {
 
 namespace {
 
-ModelConfig session_config(const SessionOptions& o) {
-  if (o.random_weights) {
-    HLM_CHECK(!o.config_path.empty(), "--random-weights needs --config FILE (a config.json)");
-    ModelConfig cfg = load_model_config(o.config_path);
-    if (o.num_layers > 0) {
-      HLM_CHECK(o.num_layers <= cfg.num_layers, "--num-layers {} exceeds the {} layers of {}", o.num_layers,
-                cfg.num_layers, o.config_path);
-      cfg.num_layers = o.num_layers;
-      cfg.attn.resize(o.num_layers);
-      cfg.ffn.resize(o.num_layers);
-    }
-    return cfg;
+// The config of a --random-weights run: --config, optionally cut to its first --num-layers layers.
+ModelConfig random_weights_config(const SessionOptions& o) {
+  HLM_CHECK(!o.config_path.empty(), "--random-weights needs --config FILE (a config.json)");
+  ModelConfig cfg = load_model_config(o.config_path);
+  if (o.num_layers > 0) {
+    HLM_CHECK(o.num_layers <= cfg.num_layers, "--num-layers {} exceeds the {} layers of {}", o.num_layers,
+              cfg.num_layers, o.config_path);
+    cfg.num_layers = o.num_layers;
+    cfg.attn.resize(o.num_layers);
+    cfg.ffn.resize(o.num_layers);
   }
-  HLM_CHECK(std::filesystem::is_directory(o.model_dir), "model directory '{}' not found (pass -m DIR)",
-            o.model_dir);
-  return load_model_config(o.model_dir + "/config.json");
+  return cfg;
 }
 
 }  // namespace
@@ -101,7 +98,12 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
       world == o.tp * o.cp,
       "the launch has {} rank(s) but --tp {} x --cp {} = {}: start with `mpirun -np {}` or change --tp/--cp",
       world, o.tp, o.cp, o.tp * o.cp, o.tp * o.cp);
-  config_ = session_config(o);
+  if (o.random_weights) {
+    config_ = random_weights_config(o);
+  } else {
+    model_dir_ = resolve_model_dir(o.model_dir);
+    config_ = load_model_config(model_dir_ + "/config.json");
+  }
   // Every layout rule is checked before a single weight is read.
   check_layout(config_, LayoutRequest{o.tp, o.cp, o.moe_ep, o.moe_tp, o.engine.tokens_per_block});
   Mapping mapping = Mapping::make(o.tp, o.cp, rank, o.moe_ep, o.moe_tp);
@@ -135,7 +137,7 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
   if (o.random_weights) {
     weights = std::make_unique<RandomWeights>(config_, mapping, *ops_, /*seed=*/1234);
   } else {
-    checkpoint_ = std::make_unique<Checkpoint>(o.model_dir);
+    checkpoint_ = std::make_unique<Checkpoint>(model_dir_);
     weights = std::make_unique<WeightReader>(*checkpoint_, config_, mapping, ops_.get());
   }
   if (device == Device::kCuda) {

@@ -70,8 +70,11 @@ class Session {
   Device device() const { return ops_->device(); }
   // The dtype a tensor of the layout is stored in: the checkpoint's, or the published one (random weights).
   DType stored_dtype(const WeightSpec& spec) const;
+  // The checkpoint directory -m resolved to (weights/model_source.h).
+  const std::string& model_dir() const { return model_dir_; }
 
  private:
+  std::string model_dir_;
   ModelConfig config_;
   std::unique_ptr<Comm> host_comm_;
   std::unique_ptr<Ops> ops_;

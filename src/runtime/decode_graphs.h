@@ -21,7 +21,9 @@ class DecodeGraphs {
   // Captures every bucket's graph; every rank calls it at the same point (the graphs hold collectives).
   // Returns false (and keeps no graphs) where the backend has none.
   bool capture();
-  bool covers(size_t batch) const { return !buckets_.empty() && batch <= buckets_.back().batch; }
+  bool covers(size_t batch) const {
+    return !buckets_.empty() && batch <= static_cast<size_t>(buckets_.back().batch);
+  }
   // Runs decode context `ctx` (host tensors, b entries of one token) through the graph of the smallest
   // bucket >= b. Returns that bucket's logits [B, vocab] on the backend; rows >= b are padding.
   Tensor run(const StepContext& ctx);

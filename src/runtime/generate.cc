@@ -2,98 +2,34 @@
 
 #include <algorithm>
 
-#include "base/log.h"
+#include "runtime/scheduler.h"
 
 namespace hlm {
-
-namespace {
-
-struct Running {
-  int64_t id = 0;
-  const std::vector<int32_t>* prompt = nullptr;
-  int64_t prefilled = 0;  // prompt tokens already sent
-  bool started = false;
-  bool done = false;
-  std::vector<int32_t> output;
-  Sampler sampler;
-};
-
-}  // namespace
 
 std::vector<std::vector<int32_t>> generate(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
                                            const GenerateOptions& o) {
   validate(o.sampling);
   HLM_CHECK(o.step_tokens > 0, "--prefill-chunk must be positive (got {})", o.step_tokens);
   HLM_CHECK(o.max_new_tokens >= 0, "-n must be >= 0 (got {})", o.max_new_tokens);
-  const ModelConfig& cfg = engine.model().config();
-  HLM_CHECK(static_cast<int64_t>(prompts.size()) <= engine.options().max_batch,
-            "{} prompts exceed --max-batch {}", prompts.size(), engine.options().max_batch);
-  std::vector<Running> seqs;
+  const int32_t seqs = std::max<int32_t>(1, std::min<int32_t>(engine.options().max_batch, prompts.size()));
+  // Every prompt is admitted at once when the engine holds them all, as before the scheduler existed.
+  Scheduler scheduler(engine, SchedulerOptions{seqs, std::max<int64_t>(o.step_tokens, seqs)});
   for (size_t i = 0; i < prompts.size(); ++i) {
-    HLM_CHECK(!prompts[i].empty(), "prompt {} is empty", i);
-    for (int32_t t : prompts[i]) {
-      HLM_CHECK(t >= 0 && t < cfg.vocab_size, "prompt {}: token id {} is outside the vocabulary [0, {})", i,
-                t, cfg.vocab_size);
-    }
-    seqs.push_back(Running{
-        static_cast<int64_t>(i), &prompts[i], 0, false, o.max_new_tokens == 0, {}, Sampler(o.sampling, i)});
+    SeqRequest r;
+    r.prompt = prompts[i];
+    r.max_new_tokens = o.max_new_tokens;
+    r.sampling = o.sampling;
+    r.sampler_stream = i;
+    r.stop_at_eos = o.stop_at_eos;
+    scheduler.add(static_cast<int64_t>(i), std::move(r));
   }
-
-  auto is_eos = [&](int32_t t) {
-    return o.stop_at_eos &&
-           std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), t) != cfg.eos_token_ids.end();
-  };
-  for (;;) {
-    StepPlan plan;
-    std::vector<Running*> members;
-    int64_t budget = o.step_tokens;
-    // Decoding sequences first: one token each.
-    for (Running& s : seqs) {
-      if (s.done || s.prefilled < static_cast<int64_t>(s.prompt->size())) continue;
-      plan.entries.push_back(StepEntry{s.id, false, false, {s.output.back()}});
-      members.push_back(&s);
-      --budget;
+  std::vector<std::vector<int32_t>> out(prompts.size());
+  while (scheduler.has_work()) {
+    for (const SeqOutput& s : scheduler.step()) {
+      HLM_CHECK(s.finish != FinishReason::kError, "prompt {}: {}", s.id, s.error);
+      if (s.token) out[s.id].push_back(s.token->id);
     }
-    for (Running& s : seqs) {
-      const auto len = static_cast<int64_t>(s.prompt->size());
-      if (s.done || s.prefilled >= len || budget <= 0) continue;
-      const int64_t n = std::min(budget, len - s.prefilled);
-      StepEntry e{s.id, !s.started, false,
-                  std::vector<int32_t>(s.prompt->begin() + s.prefilled, s.prompt->begin() + s.prefilled + n)};
-      s.started = true;
-      s.prefilled += n;
-      budget -= n;
-      plan.entries.push_back(std::move(e));
-      members.push_back(&s);
-    }
-    if (plan.entries.empty()) break;
-
-    // Sampling happens on the backend; a mid-prompt chunk's draw is discarded without advancing its
-    // sequence's random counter.
-    std::vector<SampleParams> sampling;
-    for (Running* s : members) {
-      sampling.push_back(s->prefilled < static_cast<int64_t>(s->prompt->size()) ? SampleParams{}
-                                                                                 : s->sampler.next());
-    }
-    const std::vector<int32_t> ids = engine.step_sample(plan, sampling);
-    for (size_t i = 0; i < members.size(); ++i) {
-      Running& s = *members[i];
-      if (s.prefilled < static_cast<int64_t>(s.prompt->size())) continue;  // mid-prompt chunk
-      const int32_t t = ids[i];
-      HLM_CHECK(t >= 0, "prompt {}: the model produced non-finite logits at generated token {}", s.id,
-                s.output.size());
-      s.output.push_back(t);
-      if (static_cast<int64_t>(s.output.size()) >= o.max_new_tokens || is_eos(t)) s.done = true;
-    }
-    // Finished sequences give their slot and pages back with the next step.
-    StepPlan release;
-    for (Running* s : members) {
-      if (s->done) release.release.push_back(s->id);
-    }
-    if (!release.release.empty()) engine.step(release);
   }
-  std::vector<std::vector<int32_t>> out;
-  for (Running& s : seqs) out.push_back(std::move(s.output));
   return out;
 }
 

@@ -1,7 +1,5 @@
-// Generation driver on rank 0: a small continuous-batching scheduler. Each step takes one token from
-// every decoding sequence and fills the rest of a token budget with prefill chunks of sequences still
-// reading their prompt, so prompts of any length are prefilled in chunks while others decode, in the
-// same ragged step.
+// Generation driver on rank 0 for a fixed set of prompts (the `generate` command): runs them through the
+// continuous-batching Scheduler, the same mechanism the server uses, and collects each one's tokens.
 #pragma once
 
 #include <cstdint>

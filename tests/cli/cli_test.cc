@@ -214,5 +214,61 @@ TEST(Cli, OneRanksErrorEndsEveryRank) {
       << r.err;
 }
 
+// `helixlm tokenize` with `stdin` as its input; the ids below come from pip tiktoken
+// (tests/fixtures/tokenizer/tiny_expected.json).
+Result tokenize(const std::string& args, const std::string& stdin_text) {
+  const std::string in = kScratch + "/tokenize_in.txt";
+  std::ofstream(in, std::ios::binary) << stdin_text;
+  return run(fmt::format("{} tokenize --tokenizer {} {} <{}", kBin, kTiny, args, in));
+}
+
+TEST(Cli, TokenizeRoundTripsTextThroughIds) {
+  const Result ids = tokenize("", "Hello, world! How are you today?");
+  ASSERT_EQ(ids.code, 0) << ids.err;
+  EXPECT_EQ(ids.out, "56,386,28,290,301,92,84,17,411,320,335,371,385,47\n");
+  const Result text = tokenize("--decode", ids.out);
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_EQ(text.out, "Hello, world! How are you today?");  // exactly the input, no newline added
+}
+
+TEST(Cli, TokenizeSpecialTokensOnlyWhenAllowed) {
+  const Result plain = tokenize("", "<|im_end|>");
+  const Result allowed = tokenize("--allow-special", "<|im_end|>");
+  ASSERT_EQ(allowed.code, 0) << allowed.err;
+  EXPECT_EQ(allowed.out, "3\n");
+  EXPECT_NE(plain.out, "3\n");
+  EXPECT_EQ(tokenize("--decode", plain.out).out, "<|im_end|>");
+}
+
+TEST(Cli, TokenizeJsonlBothWays) {
+  const Result ids =
+      tokenize("--jsonl --allow-special", "{\"text\": \"Hello<|im_end|>\"}\n{\"text\": \"\"}\n");
+  ASSERT_EQ(ids.code, 0) << ids.err;
+  EXPECT_EQ(ids.out, "{\"ids\": [56, 386, 3]}\n{\"ids\": []}\n");
+  const Result text = tokenize("--jsonl --decode", ids.out);
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_EQ(text.out, "{\"text\": \"Hello<|im_end|>\"}\n{\"text\": \"\"}\n");
+}
+
+TEST(Cli, TokenizeBadInputNamesTheLineOrItem) {
+  const std::vector<std::pair<std::pair<std::string, std::string>, std::string>> cases = {
+      {{"--decode", "1, 2,x3"}, "stdin: item 3 'x3' is not a token id"},
+      {{"--decode", "1,99999"}, "token id 99999 is not in the vocabulary"},
+      {{"--jsonl", "{\"text\": \"a\"}\n{\"txt\": \"b\"}\n"}, "stdin line 2: field 'text' must be a string"},
+      {{"--jsonl", "not json\n"}, "stdin line 1: expected a JSON object"},
+      {{"--jsonl --decode", "{\"ids\": [1, -4]}\n"}, "stdin line 1: ids[1] = -4 is not a token id"},
+      {{"--jsonl --decode", "{\"ids\": \"1,2\"}\n"}, "stdin line 1: field 'ids' must be an array"},
+  };
+  for (const auto& [input, message] : cases) {
+    const Result r = tokenize(input.first, input.second);
+    EXPECT_EQ(r.code, 1) << input.second;
+    EXPECT_NE(r.err.find("helixlm: error: " + message), std::string::npos) << r.err;
+  }
+  const Result missing =
+      run(fmt::format("{} tokenize --tokenizer {}/nonexistent </dev/null", kBin, kScratch));
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.err.find("nonexistent/tiktoken.model"), std::string::npos) << missing.err;
+}
+
 }  // namespace
 }  // namespace hlm

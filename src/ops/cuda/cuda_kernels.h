@@ -38,7 +38,7 @@ Tensor attn_res(CudaContext& ctx, const std::vector<Tensor>& candidates, const T
                 float eps);
 Tensor head_matmul(CudaContext& ctx, const Tensor& x, const Tensor& w, bool w_transposed);  // -> BF16
 Tensor slice_last(CudaContext& ctx, const Tensor& x, int64_t begin, int64_t end);           // dtype kept
-Tensor concat_last(CudaContext& ctx, const Tensor& a, const Tensor& b);
+Tensor concat_last(CudaContext& ctx, const Tensor& a, const Tensor& b);  // mixed F32/BF16 -> F32
 Tensor gather_rows(CudaContext& ctx, const Tensor& x, const Tensor& rows);  // rows: I32 on the device
 Tensor transpose01(CudaContext& ctx, const Tensor& x);
 // dst = src converted to dst's dtype (F32 <-> BF16, or the same dtype), same element count.

@@ -132,6 +132,9 @@ class CudaOps final : public Ops {
       throw;
     }
     HLM_CUDA_CHECK(cudaStreamEndCapture(ctx_.stream(), &graph));
+    size_t nodes = 0;
+    HLM_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
+    spdlog::debug("captured a CUDA graph of {} nodes", nodes);
     cudaGraphExec_t exec = nullptr;
     HLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     return std::make_unique<CudaGraph>(exec, graph, ctx_.stream());

@@ -342,7 +342,16 @@ Tensor slice_last(CudaContext& ctx, const Tensor& x, int64_t begin, int64_t end)
 
 Tensor concat_last(CudaContext& ctx, const Tensor& a, const Tensor& b) {
   expect_cuda(a, "concat_last", "a", {a.dtype()}, -1, "[..., Ca]");
-  expect_cuda(b, "concat_last", "b", {a.dtype()}, -1, "[..., Cb] of a's dtype");
+  expect_cuda(b, "concat_last", "b", {b.dtype()}, -1, "[..., Cb]");
+  if (a.dtype() != b.dtype()) {
+    // F32 and BF16 parts (K3's routed latent sum next to the shared experts' partial): join in F32.
+    expect_float(a, "concat_last", "a");
+    expect_float(b, "concat_last", "b");
+    Tensor a32 = ctx.empty(a.shape(), DType::kF32), b32 = ctx.empty(b.shape(), DType::kF32);
+    convert(ctx, a, a32);
+    convert(ctx, b, b32);
+    return concat_last(ctx, a32, b32);
+  }
   Shape lead_a(a.shape().begin(), a.shape().end() - 1), lead_b(b.shape().begin(), b.shape().end() - 1);
   HLM_CHECK(lead_a == lead_b, "concat_last: a and b must agree in all but the last dimension, got {} and {}",
             a.describe(), b.describe());

@@ -1,0 +1,107 @@
+// `helixlm chat`: an interactive conversation in the terminal, without HTTP. Each line read from stdin is
+// a user turn; the whole history is rendered with the model's chat format and run through the same
+// Scheduler as the server, and the answer is printed as it is generated (reasoning in brackets). An empty
+// line or end of input ends the session. Under mpirun, rank 0 talks and the other ranks run the steps.
+#include <unistd.h>
+
+#include <filesystem>
+#include <iostream>
+
+#include "base/log.h"
+#include "cli/commands.h"
+#include "cli/session.h"
+#include "runtime/scheduler.h"
+#include "server/text_output.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/output_parser.h"
+
+namespace hlm {
+
+namespace {
+
+struct ChatArgs {
+  SessionOptions session;
+  std::string system;
+  int64_t max_tokens = 256;
+  SamplingParams sampling;
+};
+
+// Prints what the parser releases; returns the assistant message for the history.
+void show(const ParsedDelta& d, ChatMessage& reply) {
+  if (!d.reasoning_content.empty()) std::cout << "[" << d.reasoning_content << "]";
+  std::cout << d.content;
+  for (const ToolCall& c : d.tool_calls) std::cout << "\n(tool call " << c.name << " " << c.arguments << ")";
+  std::cout.flush();
+  reply.content += d.content;
+  reply.reasoning_content += d.reasoning_content;
+  reply.tool_calls.insert(reply.tool_calls.end(), d.tool_calls.begin(), d.tool_calls.end());
+}
+
+int run_chat(const ChatArgs& a) {
+  Session s(a.session, 0);
+  if (!s.is_driver()) {
+    s.engine().serve();
+    return 0;
+  }
+  const std::string& dir = s.model_dir();
+  HLM_CHECK(std::filesystem::exists(dir + "/tiktoken.model"),
+            "{} has no tiktoken.model: chat needs a tokenizer", dir);
+  const Tokenizer tok = Tokenizer::load(dir);
+  const ChatTemplate chat(tok, detect_chat_format(dir));
+  Scheduler scheduler(s.engine(), SchedulerOptions{1, 512});
+  const int64_t max_len = s.engine().options().max_seq_len;
+  const bool interactive = isatty(STDIN_FILENO);
+
+  std::vector<ChatMessage> history;
+  if (!a.system.empty()) history.push_back(ChatMessage{"system", a.system, "", {}, "", ""});
+  std::string line;
+  for (int64_t turn = 0;; ++turn) {
+    if (interactive) std::cout << "> " << std::flush;
+    if (!std::getline(std::cin, line) || line.empty()) break;
+    history.push_back(ChatMessage{"user", line, "", {}, "", ""});
+    SeqRequest r;
+    r.prompt = chat.render(history, nullptr, /*add_generation_prompt=*/true);
+    const auto room = max_len - static_cast<int64_t>(r.prompt.size());
+    HLM_CHECK(room > 0, "the conversation ({} tokens) no longer fits --max-seq-len {}", r.prompt.size(),
+              max_len);
+    r.max_new_tokens = std::min(a.max_tokens, room);
+    r.sampling = a.sampling;
+    r.sampler_stream = static_cast<uint64_t>(turn);
+    r.stop_ids = chat.stop_ids();
+    scheduler.add(turn, std::move(r));
+
+    TextOutput text(&tok, {}, /*skip_special_tokens=*/true);
+    OutputParser parser(chat.format(), /*parse_tools=*/false,
+                        chat.format() == ChatFormat::kK3 ? chat.generation_starts_in_reasoning() : true);
+    ChatMessage reply{"assistant", "", "", {}, "", ""};
+    while (scheduler.has_work()) {
+      for (const SeqOutput& o : scheduler.step()) {
+        if (o.token) show(parser.push(text.push(o.token->id, o.stop_token)), reply);
+      }
+    }
+    show(parser.push(text.finish()), reply);
+    show(parser.finish(), reply);
+    std::cout << "\n";
+    history.push_back(std::move(reply));
+  }
+  s.engine().stop();
+  return 0;
+}
+
+}  // namespace
+
+CommandRunner add_chat_command(CLI::App& app) {
+  auto a = std::make_shared<ChatArgs>();
+  CLI::App* cmd = app.add_subcommand("chat", "Talk to the model in the terminal (one user turn per line)");
+  add_session_options(*cmd, a->session);
+  cmd->add_option("--system", a->system, "System prompt");
+  cmd->add_option("-n,--max-tokens", a->max_tokens, "Longest answer, in tokens")->capture_default_str();
+  cmd->add_option("--temperature", a->sampling.temperature, "0 = greedy")->capture_default_str();
+  cmd->add_option("--top-k", a->sampling.top_k, "Keep the k most likely tokens (0 = all)")
+      ->capture_default_str();
+  cmd->add_option("--top-p", a->sampling.top_p, "Nucleus sampling threshold")->capture_default_str();
+  cmd->add_option("--seed", a->sampling.seed, "Random seed for sampling")->capture_default_str();
+  return [a] { return run_chat(*a); };
+}
+
+}  // namespace hlm

@@ -1,0 +1,139 @@
+// `helixlm serve`: the OpenAI-compatible HTTP server. Rank 0 binds the port first (so /health answers
+// "Loading model" while weights load), loads the model like every other command, then runs the engine
+// loop on its main thread (the thread MPI belongs to) while HTTP threads parse requests and stream
+// answers; the other ranks execute the broadcast step plans in Engine::serve(). SIGINT / SIGTERM stop it
+// cleanly.
+#include <algorithm>
+#include <csignal>
+#include <filesystem>
+#include <memory>
+#include <optional>
+
+#include "base/log.h"
+#include "cli/commands.h"
+#include "cli/session.h"
+#include "runtime/scheduler.h"
+#include "server/engine_loop.h"
+#include "server/http_server.h"
+#include "server/openai_service.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+#include "weights/model_source.h"
+
+namespace hlm {
+
+namespace {
+
+struct ServeArgs {
+  SessionOptions session;
+  HttpOptions http;
+  std::string served_model_name;
+  int32_t max_num_seqs = 8;
+  int64_t max_num_batched_tokens = 512;
+  int64_t max_model_len = 4096;
+  int32_t max_queued = 32;
+  int64_t kv_pages = 0;
+};
+
+std::atomic<bool> g_stop{false};
+
+void on_signal(int) { g_stop.store(true); }
+
+int run_serve(const ServeArgs& a) {
+  int world = 1, rank = 0;
+  mpi_world(&world, &rank);
+  // A model that cannot be found fails before the port is taken.
+  resolve_model_dir(a.session.model_dir);
+  Metrics metrics;
+  std::unique_ptr<HttpServer> http;
+  if (rank == 0) {
+    HttpOptions ho = a.http;
+    // Every running or queued request may hold a connection, and the refused ones need threads to be
+    // refused on; idle keep-alive connections hold one too.
+    ho.threads = 2 * (a.max_num_seqs + a.max_queued) + 16;
+    http = std::make_unique<HttpServer>(ho, metrics);
+    http->start();
+    spdlog::info("listening on http://{}:{} (loading the model)", ho.host, ho.port);
+  }
+
+  SessionOptions so = a.session;
+  so.engine.max_batch = a.max_num_seqs;
+  so.max_step_tokens = a.max_num_batched_tokens + a.max_num_seqs;
+  so.max_logit_rows = a.max_num_seqs;
+  so.engine.num_pages = a.kv_pages;
+  // The engine also holds the warmup sequence (cp*P + 2 tokens), which may exceed what requests get.
+  so.max_seq_len = std::max<int64_t>(a.max_model_len, so.warmup ? so.cp * so.engine.tokens_per_block + 2 : 0);
+  Session s(so, a.max_model_len);
+  if (!s.is_driver()) {
+    s.engine().serve();
+    return 0;
+  }
+
+  const std::string& dir = s.model_dir();
+  std::optional<Tokenizer> tokenizer;
+  std::optional<ChatTemplate> chat;
+  if (std::filesystem::exists(dir + "/tiktoken.model")) {
+    tokenizer = Tokenizer::load(dir);
+    HLM_CHECK(tokenizer->vocab_size() <= s.config().vocab_size,
+              "the tokenizer of {} has ids up to {} but the model's vocabulary is {}", dir,
+              tokenizer->vocab_size() - 1, s.config().vocab_size);
+    chat.emplace(*tokenizer, detect_chat_format(dir));
+  } else {
+    spdlog::warn("{} has no tiktoken.model: serving token-id prompts on /v1/completions only", dir);
+  }
+
+  Scheduler scheduler(s.engine(), SchedulerOptions{a.max_num_seqs, a.max_num_batched_tokens});
+  HLM_CHECK(scheduler.pages_for(a.max_model_len) <= scheduler.pages_total(),
+            "--kv-pages {} cannot hold one sequence of --max-model-len {} ({} pages of {} tokens needed)",
+            a.kv_pages, a.max_model_len, scheduler.pages_for(a.max_model_len), so.engine.tokens_per_block);
+  EngineLoop loop(scheduler, metrics, a.max_num_seqs, a.max_queued);
+  const std::string name = a.served_model_name.empty() ? a.session.model_dir : a.served_model_name;
+  const ServingContext ctx{name, a.max_model_len, s.config().vocab_size, tokenizer ? &*tokenizer : nullptr,
+                           chat ? &*chat : nullptr};
+  OpenAiService service(ctx, loop, metrics);
+
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  http->attach(&service);
+  spdlog::info(
+      "serving '{}' on http://{}:{} ({} sequences, {} tokens per step, max model length {}, {} KV pages)",
+      name, a.http.host, a.http.port, a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
+      scheduler.pages_total());
+  loop.run(g_stop);
+  spdlog::info("shutting down");
+  http->stop();
+  s.engine().stop();
+  return 0;
+}
+
+}  // namespace
+
+CommandRunner add_serve_command(CLI::App& app) {
+  auto a = std::make_shared<ServeArgs>();
+  CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
+  add_session_options(*cmd, a->session);
+  // The server's own names for these (vLLM's) replace the session's --max-batch / --max-seq-len.
+  cmd->remove_option(cmd->get_option("--max-batch"));
+  cmd->remove_option(cmd->get_option("--max-seq-len"));
+  cmd->add_option("--host", a->http.host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", a->http.port, "Port to listen on")->capture_default_str();
+  cmd->add_option("--api-key", a->http.api_key, "Require 'Authorization: Bearer KEY' on the API endpoints");
+  cmd->add_option("--served-model-name", a->served_model_name,
+                  "Model name in the API (default: the -m argument)");
+  cmd->add_option("--max-num-seqs", a->max_num_seqs, "Sequences running at once")->capture_default_str();
+  cmd->add_option("--max-num-batched-tokens", a->max_num_batched_tokens,
+                  "Tokens per engine step (decode tokens plus prompt chunks)")
+      ->capture_default_str();
+  cmd->add_option("--max-model-len", a->max_model_len, "Longest prompt + completion of a request, in tokens")
+      ->capture_default_str();
+  cmd->add_option("--max-queued-requests", a->max_queued,
+                  "Requests that may wait beyond the running ones; more get 429 at once")
+      ->capture_default_str();
+  cmd->add_option("--kv-pages", a->kv_pages,
+                  "MLA KV pages per rank (default: room for --max-num-seqs sequences of --max-model-len)");
+  cmd->add_option("--max-request-bytes", a->http.max_body_bytes, "Largest request body; larger ones get 413")
+      ->capture_default_str();
+  return [a] { return run_serve(*a); };
+}
+
+}  // namespace hlm

@@ -1,0 +1,183 @@
+#include "runtime/scheduler.h"
+
+#include <algorithm>
+
+#include "base/error.h"
+
+namespace hlm {
+
+Scheduler::Scheduler(Engine& engine, const SchedulerOptions& options)
+    : engine_(engine), options_(options), pages_total_(engine.kv().free_pages()) {
+  HLM_CHECK(options.max_num_seqs > 0 && options.max_num_seqs <= engine.options().max_batch,
+            "--max-num-seqs must be in [1, {}] (the engine's state slots), got {}",
+            engine.options().max_batch, options.max_num_seqs);
+  // Every running sequence decodes one token per step, so a smaller budget could starve prompts forever.
+  HLM_CHECK(options.max_num_batched_tokens >= options.max_num_seqs,
+            "--max-num-batched-tokens ({}) must be at least --max-num-seqs ({})",
+            options.max_num_batched_tokens, options.max_num_seqs);
+  // Built before any request: the pool is whole (warmup releases its scratch sequence).
+  HLM_CHECK(engine.kv().free_slots() == engine.options().max_batch,
+            "the scheduler must be created while no sequence is held");
+}
+
+int64_t Scheduler::pages_for(int64_t len) const { return engine_.kv().placement().local_pages(len, 0); }
+
+void Scheduler::add(int64_t id, SeqRequest r) {
+  const ModelConfig& cfg = engine_.model().config();
+  HLM_CHECK(!r.prompt.empty(), "prompt {} is empty", id);
+  for (int32_t t : r.prompt) {
+    HLM_CHECK(t >= 0 && t < cfg.vocab_size, "prompt {}: token id {} is outside the vocabulary [0, {})", id, t,
+              cfg.vocab_size);
+  }
+  HLM_CHECK(r.max_new_tokens >= 0, "sequence {}: max_new_tokens must be >= 0 (got {})", id, r.max_new_tokens);
+  validate(r.sampling);
+  const int64_t len = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens;
+  HLM_CHECK(len <= engine_.options().max_seq_len,
+            "sequence {}: {} prompt + {} new tokens exceed the {} tokens a sequence may hold", id,
+            r.prompt.size(), r.max_new_tokens, engine_.options().max_seq_len);
+  HLM_CHECK(pages_for(len) <= pages_total_, "sequence {}: {} tokens need {} KV pages, the pool has {}", id,
+            len, pages_for(len), pages_total_);
+  Sampler sampler(r.sampling, r.sampler_stream);
+  waiting_.push_back(Seq{id, std::move(r), std::move(sampler)});
+}
+
+void Scheduler::cancel(int64_t id) {
+  auto w = std::find_if(waiting_.begin(), waiting_.end(), [&](const Seq& s) { return s.id == id; });
+  if (w != waiting_.end()) {
+    waiting_.erase(w);
+    return;
+  }
+  auto r = std::find_if(running_.begin(), running_.end(), [&](const Seq& s) { return s.id == id; });
+  if (r == running_.end()) return;
+  if (r->started) ended_.push_back(id);
+  running_.erase(r);
+}
+
+bool Scheduler::has_work() const { return !waiting_.empty() || !running_.empty() || !ended_.empty(); }
+
+void Scheduler::release_ended() {
+  if (ended_.empty()) return;
+  StepPlan plan;
+  plan.release = std::move(ended_);
+  ended_.clear();
+  engine_.step(plan);
+}
+
+void Scheduler::admit() {
+  // Pages promised to running sequences but not yet taken from the pool.
+  int64_t promised = 0;
+  int32_t slots = engine_.kv().free_slots();
+  for (const Seq& s : running_) {
+    const int64_t held = s.started ? static_cast<int64_t>(engine_.kv().pages(s.id).size()) : 0;
+    promised += s.reserved_pages - held;
+    if (!s.started) --slots;
+  }
+  // First come, first served: the head waits for room rather than being overtaken by smaller requests.
+  while (!waiting_.empty() && num_running() < options_.max_num_seqs && slots > 0) {
+    Seq& s = waiting_.front();
+    const int64_t need = pages_for(static_cast<int64_t>(s.request.prompt.size()) + s.request.max_new_tokens);
+    if (need > engine_.kv().free_pages() - promised) break;
+    s.reserved_pages = need;
+    promised += need;
+    --slots;
+    running_.push_back(std::move(s));
+    waiting_.pop_front();
+  }
+}
+
+SeqOutput Scheduler::emit(Seq& s, SampledToken token) {
+  SeqOutput out;
+  out.id = s.id;
+  if (token.id < 0) {
+    out.finish = FinishReason::kError;
+    out.error = fmt::format("the model produced non-finite logits at generated token {} of this sequence",
+                            s.generated);
+    return out;
+  }
+  const int32_t id = token.id;
+  out.token = std::move(token);
+  s.last = id;
+  ++s.generated;
+  const std::vector<int64_t>& eos = engine_.model().config().eos_token_ids;
+  const std::vector<int32_t>& stops = s.request.stop_ids;
+  out.stop_token = (s.request.stop_at_eos && std::find(eos.begin(), eos.end(), id) != eos.end()) ||
+                   std::find(stops.begin(), stops.end(), id) != stops.end();
+  if (out.stop_token) {
+    out.finish = FinishReason::kStop;
+  } else if (s.generated >= s.request.max_new_tokens) {
+    out.finish = FinishReason::kLength;
+  }
+  return out;
+}
+
+std::vector<SeqOutput> Scheduler::step() {
+  release_ended();
+  std::vector<SeqOutput> outputs;
+  // A request for no tokens ends without touching the engine.
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (it->request.max_new_tokens == 0) {
+      outputs.push_back(SeqOutput{it->id, std::nullopt, false, FinishReason::kLength});
+      it = waiting_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  admit();
+
+  StepPlan plan;
+  std::vector<Seq*> members;
+  int64_t budget = options_.max_num_batched_tokens;
+  for (Seq& s : running_) {
+    if (s.prefilled < static_cast<int64_t>(s.request.prompt.size())) continue;
+    plan.entries.push_back(StepEntry{s.id, false, false, {s.last}});
+    members.push_back(&s);
+    --budget;
+  }
+  for (Seq& s : running_) {
+    const auto len = static_cast<int64_t>(s.request.prompt.size());
+    if (s.prefilled >= len || budget <= 0) continue;
+    const int64_t n = std::min(budget, len - s.prefilled);
+    const auto begin = s.request.prompt.begin() + s.prefilled;
+    plan.entries.push_back(StepEntry{s.id, !s.started, false, std::vector<int32_t>(begin, begin + n)});
+    s.started = true;
+    s.prefilled += n;
+    budget -= n;
+    members.push_back(&s);
+  }
+  if (plan.entries.empty()) return outputs;
+
+  // Tokens are sampled on the backend (only ids come back), unless a member asked for log-probabilities:
+  // then the step returns host logits and the same draws are made on the host (ops/cpu/sampling.cc).
+  // A mid-prompt chunk gets no draw, so its sequence's random counter does not advance.
+  auto wants_token = [](const Seq& s) { return s.prefilled >= static_cast<int64_t>(s.request.prompt.size()); };
+  const bool host = std::any_of(members.begin(), members.end(),
+                                [&](const Seq* s) { return wants_token(*s) && s->request.top_logprobs >= 0; });
+  std::vector<SampledToken> tokens(members.size());
+  if (host) {
+    const std::vector<Tensor> logits = engine_.step(plan);
+    for (size_t i = 0; i < members.size(); ++i) {
+      Seq& s = *members[i];
+      if (!wants_token(s)) continue;
+      const int32_t id = s.sampler.sample(logits[i][0]);
+      tokens[i] = s.request.top_logprobs >= 0 && id >= 0 ? token_logprobs(logits[i][0], id, s.request.top_logprobs)
+                                                         : SampledToken{id, 0.0f, {}};
+    }
+  } else {
+    std::vector<SampleParams> params;
+    for (Seq* s : members) params.push_back(wants_token(*s) ? s->sampler.next() : SampleParams{});
+    const std::vector<int32_t> ids = engine_.step_sample(plan, params);
+    for (size_t i = 0; i < members.size(); ++i) tokens[i].id = ids[i];
+  }
+  std::vector<int64_t> finished;
+  for (size_t i = 0; i < members.size(); ++i) {
+    Seq& s = *members[i];
+    if (!wants_token(s)) continue;  // mid-prompt chunk
+    SeqOutput out = emit(s, std::move(tokens[i]));
+    if (out.finish != FinishReason::kNone) finished.push_back(s.id);
+    outputs.push_back(std::move(out));
+  }
+  for (int64_t id : finished) cancel(id);
+  return outputs;
+}
+
+}  // namespace hlm

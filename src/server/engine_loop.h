@@ -1,0 +1,96 @@
+// EngineLoop: the hand-over between the HTTP threads and the one thread that drives the engine (rank 0's
+// main thread, which is also the thread MPI was initialised on). HTTP handlers submit a SeqRequest and get
+// a RequestChannel back; the loop moves new requests and cancellations into the Scheduler between steps,
+// runs a step, and pushes each sequence's token into its channel. At most max_num_seqs + max_queued
+// requests are in flight: past that, submit() refuses at once (429) instead of growing a queue nobody
+// bounds. An engine failure is fatal: every open request is failed, and run() rethrows.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/scheduler.h"
+#include "server/metrics.h"
+
+namespace hlm {
+
+using Clock = std::chrono::steady_clock;
+
+struct TimedOutput {
+  SeqOutput output;
+  Clock::time_point time;
+};
+
+// One request's events, from the engine thread to its HTTP thread.
+class RequestChannel {
+ public:
+  explicit RequestChannel(int64_t id) : id_(id) {}
+  int64_t id() const { return id_; }
+
+  // Engine thread.
+  void push(const SeqOutput& output, Clock::time_point time);
+  void fail(const std::string& message);
+
+  struct Events {
+    std::vector<TimedOutput> outputs;
+    bool finished = false;             // the sequence ended (a finish reason came) or failed
+    std::optional<std::string> error;  // why it failed
+  };
+  // HTTP thread: everything that arrived, waiting up to `timeout` for the first event.
+  Events wait(std::chrono::milliseconds timeout);
+
+ private:
+  const int64_t id_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<TimedOutput> pending_;
+  bool finished_ = false;
+  std::optional<std::string> error_;
+};
+
+class EngineLoop {
+ public:
+  EngineLoop(Scheduler& scheduler, Metrics& metrics, int32_t max_num_seqs, int32_t max_queued);
+
+  // HTTP threads. Throws ApiError 429 when the server is full, 503 once the engine has failed.
+  std::shared_ptr<RequestChannel> submit(SeqRequest request);
+  // HTTP threads: the client left or the text hit a stop string; frees the sequence within one step.
+  void cancel(int64_t id);
+
+  // Engine thread: steps until `stop` becomes true (polled at least every 50 ms while idle).
+  void run(const std::atomic<bool>& stop);
+
+ private:
+  struct Incoming {
+    std::shared_ptr<RequestChannel> channel;
+    SeqRequest request;
+  };
+  void take_requests(std::vector<Incoming>& incoming, std::vector<int64_t>& cancels);
+  void left(int64_t id);
+  void publish_gauges();
+
+  Scheduler& scheduler_;
+  Metrics& metrics_;
+  const int64_t max_in_flight_;
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Incoming> inbox_;
+  std::vector<int64_t> cancels_;
+  int64_t next_id_ = 0;
+  int64_t in_flight_ = 0;
+  bool failed_ = false;
+
+  // Engine thread only.
+  std::map<int64_t, std::shared_ptr<RequestChannel>> channels_;
+};
+
+}  // namespace hlm

@@ -1,0 +1,335 @@
+#include "server/openai_request.h"
+
+#include <limits>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "base/error.h"
+#include "server/api_error.h"
+#include "server/json_fields.h"
+
+namespace hlm {
+
+namespace {
+
+constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
+constexpr int64_t kMaxLogprobs = 20;
+
+void check_model(const JsonFields& f, const ServingContext& ctx) {
+  const std::optional<std::string> model = f.string("model");
+  if (model && *model != ctx.model_name) {
+    throw ApiError(
+        404, fmt::format("The model '{}' does not exist; this server serves '{}'", *model, ctx.model_name),
+        "model");
+  }
+}
+
+// Options the OpenAI API has and helixlm does not implement: refused, so a client never gets a silently
+// different result. A value equal to the neutral default is accepted.
+void refuse_unsupported(const JsonFields& f) {
+  if (auto n = f.integer("n", 1, kMaxInt); n && *n != 1)
+    f.fail("n", "1 (helixlm returns one choice per request)");
+  if (auto b = f.integer("best_of", 1, kMaxInt); b && *b != 1) f.fail("best_of", "1 (not supported)");
+  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
+    if (auto v = f.number(key, -2.0, 2.0); v && *v != 0.0) f.fail(key, "0 (penalties are not supported)");
+  }
+  if (auto v = f.number("repetition_penalty", 0.0, 1e9); v && *v != 1.0) {
+    f.fail("repetition_penalty", "1 (penalties are not supported)");
+  }
+  if (auto v = f.number("min_p", 0.0, 1.0); v && *v != 0.0) f.fail("min_p", "0 (min_p is not supported)");
+  if (const nlohmann::json* bias = f.find("logit_bias"); bias && !(bias->is_object() && bias->empty())) {
+    f.fail("logit_bias", "empty (logit_bias is not supported)");
+  }
+  if (const nlohmann::json* rf = f.find("response_format")) {
+    const JsonFields r(*rf, f.path("response_format"));
+    if (auto type = r.string("type"); type && *type != "text") {
+      r.fail("type", "\"text\" (constrained decoding such as json_object / json_schema is not supported)");
+    }
+  }
+}
+
+std::vector<int32_t> int_array(const JsonFields& f, const std::string& key, int64_t vocab) {
+  const nlohmann::json* v = f.find(key);
+  std::vector<int32_t> ids;
+  if (!v) return ids;
+  if (!v->is_array()) f.fail(key, "an array of token ids");
+  for (size_t i = 0; i < v->size(); ++i) {
+    const nlohmann::json& x = (*v)[i];
+    if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= vocab) {
+      throw ApiError(
+          400,
+          fmt::format("'{}[{}]' must be a token id in [0, {}) (got {})", f.path(key), i, vocab, x.dump()),
+          f.path(key));
+    }
+    ids.push_back(x.get<int32_t>());
+  }
+  return ids;
+}
+
+std::vector<std::string> stop_strings(const JsonFields& f) {
+  const nlohmann::json* v = f.find("stop");
+  std::vector<std::string> stop;
+  if (!v) return stop;
+  if (v->is_string()) {
+    stop.push_back(v->get<std::string>());
+  } else if (v->is_array()) {
+    for (const nlohmann::json& s : *v) {
+      if (!s.is_string()) f.fail("stop", "a string or an array of strings");
+      stop.push_back(s.get<std::string>());
+    }
+  } else {
+    f.fail("stop", "a string or an array of strings");
+  }
+  for (const std::string& s : stop) {
+    if (s.empty()) f.fail("stop", "made of non-empty strings");
+  }
+  return stop;
+}
+
+// Fields shared by both endpoints; max_new_tokens is settled once the prompt length is known.
+void parse_common(const JsonFields& f, const ServingContext& ctx, GenerationRequest& r,
+                  std::optional<int64_t>& max_tokens) {
+  check_model(f, ctx);
+  refuse_unsupported(f);
+  r.stream = f.boolean("stream").value_or(false);
+  if (const nlohmann::json* so = f.find("stream_options")) {
+    r.include_usage = JsonFields(*so, f.path("stream_options")).boolean("include_usage").value_or(false);
+  }
+  max_tokens = f.integer("max_tokens", 1, kMaxInt);
+  if (auto m = f.integer("max_completion_tokens", 1, kMaxInt)) max_tokens = m;
+
+  SamplingParams& s = r.seq.sampling;
+  // OpenAI's default temperature is 1; greedy is temperature 0.
+  s.temperature = static_cast<float>(f.number("temperature", 0.0, 1e4).value_or(1.0));
+  s.top_p = static_cast<float>(f.number("top_p", 0.0, 1.0).value_or(1.0));
+  if (s.top_p <= 0.0f) f.fail("top_p", "in (0, 1]");
+  // vLLM's convention: -1 (or 0) means no top-k cut.
+  s.top_k = std::max<int64_t>(0, f.integer("top_k", -1, kMaxInt).value_or(0));
+  if (auto seed = f.integer("seed", std::numeric_limits<int64_t>::min(), kMaxInt)) {
+    s.seed = static_cast<uint64_t>(*seed);
+  } else {
+    s.seed = std::random_device{}();
+  }
+
+  r.stop = stop_strings(f);
+  if (!r.stop.empty() && !ctx.tokenizer)
+    f.fail("stop", "absent: the model has no tokenizer, so there is no text to match");
+  r.seq.stop_ids = int_array(f, "stop_token_ids", ctx.vocab_size);
+  r.seq.stop_at_eos = !f.boolean("ignore_eos").value_or(false);
+  r.skip_special_tokens = f.boolean("skip_special_tokens").value_or(true);
+  r.return_token_ids = f.boolean("return_token_ids").value_or(false);
+}
+
+// max_new_tokens from max_tokens and the prompt, or the OpenAI-style 400 that gives both numbers.
+void settle_lengths(GenerationRequest& r, std::optional<int64_t> max_tokens, const ServingContext& ctx,
+                    const char* prompt_field) {
+  const auto prompt = static_cast<int64_t>(r.seq.prompt.size());
+  if (prompt == 0) throw ApiError(400, fmt::format("'{}' is empty", prompt_field), prompt_field);
+  if (prompt >= ctx.max_model_len) {
+    throw ApiError(
+        400,
+        fmt::format("This model's maximum context length is {} tokens, but the prompt has {} tokens "
+                    "(at least one token must be left to generate)",
+                    ctx.max_model_len, prompt),
+        prompt_field);
+  }
+  if (max_tokens && prompt + *max_tokens > ctx.max_model_len) {
+    throw ApiError(
+        400,
+        fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens "
+                    "({} in the prompt, {} for the completion)",
+                    ctx.max_model_len, prompt + *max_tokens, prompt, *max_tokens),
+        "max_tokens");
+  }
+  r.seq.max_new_tokens = max_tokens.value_or(ctx.max_model_len - prompt);
+}
+
+std::vector<int32_t> completion_prompt(const JsonFields& f, const ServingContext& ctx) {
+  const nlohmann::json* p = f.find("prompt");
+  if (!p) f.fail("prompt", "given (a string or an array of token ids)");
+  auto from_ids = [&](const nlohmann::json& arr, const std::string& path) {
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < arr.size(); ++i) {
+      const nlohmann::json& x = arr[i];
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= ctx.vocab_size) {
+        throw ApiError(
+            400,
+            fmt::format("'{}[{}]' must be a token id in [0, {}) (got {})", path, i, ctx.vocab_size, x.dump()),
+            "prompt");
+      }
+      ids.push_back(x.get<int32_t>());
+    }
+    return ids;
+  };
+  auto from_text = [&](const std::string& text) {
+    if (!ctx.tokenizer) {
+      throw ApiError(
+          400, "this model has no tokenizer (no tiktoken.model in its directory): give 'prompt' as token ids",
+          "prompt");
+    }
+    return ctx.tokenizer->encode(text);
+  };
+  if (p->is_string()) return from_text(p->get<std::string>());
+  if (!p->is_array()) f.fail("prompt", "a string or an array of token ids");
+  if (!p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
+    // A batch of prompts: one is fine, several would need several choices.
+    if (p->size() != 1)
+      f.fail("prompt", "a single prompt (batches of prompts are not supported; send one request each)");
+    const nlohmann::json& one = (*p)[0];
+    if (one.is_string()) return from_text(one.get<std::string>());
+    return from_ids(one, "prompt[0]");
+  }
+  return from_ids(*p, "prompt");
+}
+
+std::string message_content(const nlohmann::json& content, const std::string& path) {
+  if (content.is_null()) return "";
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array())
+    throw ApiError(400, fmt::format("'{}' must be a string or an array of parts", path), path);
+  std::string text;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const std::string part_path = fmt::format("{}[{}]", path, i);
+    const JsonFields part(content[i], part_path);
+    const std::string type = part.string("type").value_or("");
+    if (type != "text") part.fail("type", "\"text\" (only text content is supported)");
+    text += part.string("text").value_or("");
+  }
+  return text;
+}
+
+}  // namespace
+
+std::vector<ChatMessage> parse_messages(const nlohmann::json& messages) {
+  if (!messages.is_array() || messages.empty()) {
+    throw ApiError(400, "'messages' must be a non-empty array", "messages");
+  }
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string path = fmt::format("messages[{}]", i);
+    const JsonFields m(messages[i], path);
+    ChatMessage msg;
+    const std::optional<std::string> role = m.string("role");
+    if (!role) m.fail("role", "one of system, developer, user, assistant, tool");
+    // OpenAI's "developer" role is the newer name of "system".
+    msg.role = *role == "developer" ? "system" : *role;
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool") {
+      m.fail("role", fmt::format("one of system, developer, user, assistant, tool (got '{}')", *role));
+    }
+    if (const nlohmann::json* c = m.find("content")) msg.content = message_content(*c, m.path("content"));
+    msg.name = m.string("name").value_or("");
+    msg.reasoning_content = m.string("reasoning_content").value_or("");
+    msg.tool_call_id = m.string("tool_call_id").value_or("");
+    if (msg.role == "tool" && msg.tool_call_id.empty()) m.fail("tool_call_id", "given for a tool message");
+    if (const nlohmann::json* calls = m.find("tool_calls")) {
+      if (!calls->is_array()) m.fail("tool_calls", "an array");
+      for (size_t j = 0; j < calls->size(); ++j) {
+        const JsonFields c((*calls)[j], fmt::format("{}.tool_calls[{}]", path, j));
+        const nlohmann::json* fn = c.find("function");
+        if (!fn) c.fail("function", "an object with name and arguments");
+        const JsonFields ff(*fn, c.path("function"));
+        ToolCall call;
+        call.id = c.string("id").value_or("");
+        const std::optional<std::string> name = ff.string("name");
+        if (!name || name->empty()) ff.fail("name", "a non-empty string");
+        call.name = *name;
+        // OpenAI sends arguments as a JSON string; an object is accepted and serialized.
+        if (const nlohmann::json* args = fn->contains("arguments") ? &(*fn)["arguments"] : nullptr;
+            args && args->is_object()) {
+          call.arguments = args->dump();
+        } else {
+          call.arguments = ff.string("arguments").value_or("{}");
+        }
+        msg.tool_calls.push_back(std::move(call));
+      }
+    }
+    out.push_back(std::move(msg));
+  }
+  return out;
+}
+
+GenerationRequest parse_completion_request(const std::string& body, const ServingContext& ctx) {
+  const nlohmann::json j = parse_json_object(body);
+  const JsonFields f(j, "");
+  GenerationRequest r;
+  r.endpoint = Endpoint::kCompletions;
+  std::optional<int64_t> max_tokens;
+  parse_common(f, ctx, r, max_tokens);
+  if (f.boolean("echo").value_or(false)) f.fail("echo", "false (echo is not supported)");
+  if (f.string("suffix")) f.fail("suffix", "absent (suffix is not supported)");
+  // Completions: logprobs is the number of alternatives (0 = the sampled token's only).
+  r.seq.top_logprobs = static_cast<int32_t>(f.integer("logprobs", 0, kMaxLogprobs).value_or(-1));
+  // The legacy endpoint's default is 16 tokens (OpenAI), not "up to the context length".
+  if (!max_tokens) max_tokens = 16;
+  r.seq.prompt = completion_prompt(f, ctx);
+  settle_lengths(r, max_tokens, ctx, "prompt");
+  return r;
+}
+
+GenerationRequest parse_chat_request(const std::string& body, const ServingContext& ctx) {
+  const nlohmann::json j = parse_json_object(body);
+  const JsonFields f(j, "");
+  GenerationRequest r;
+  r.endpoint = Endpoint::kChat;
+  std::optional<int64_t> max_tokens;
+  parse_common(f, ctx, r, max_tokens);
+  if (f.boolean("logprobs").value_or(false)) {
+    r.seq.top_logprobs = static_cast<int32_t>(f.integer("top_logprobs", 0, kMaxLogprobs).value_or(0));
+  } else if (f.find("top_logprobs")) {
+    f.fail("top_logprobs", "used only with \"logprobs\": true");
+  }
+  const nlohmann::json* messages = f.find("messages");
+  if (!messages) f.fail("messages", "a non-empty array");
+  const std::vector<ChatMessage> msgs = parse_messages(*messages);
+
+  std::string tool_choice = "auto";
+  if (const nlohmann::json* tc = f.find("tool_choice")) {
+    if (!tc->is_string()) {
+      f.fail("tool_choice",
+             "\"auto\" or \"none\" (forcing a named tool needs constrained decoding, not supported)");
+    }
+    tool_choice = tc->get<std::string>();
+    if (tool_choice != "auto" && tool_choice != "none") {
+      f.fail("tool_choice",
+             fmt::format("\"auto\" or \"none\" (got \"{}\"; \"required\" needs constrained decoding, "
+                         "not supported)",
+                         tool_choice));
+    }
+  }
+  // The client's key order, which the Kimi template reproduces (chat_template.h, render_ordered).
+  nlohmann::ordered_json tools = nullptr;
+  if (const nlohmann::json* t = f.find("tools")) {
+    if (!t->is_array()) f.fail("tools", "an array of {\"type\": \"function\", \"function\": {...}}");
+    for (size_t i = 0; i < t->size(); ++i) {
+      const JsonFields tool((*t)[i], fmt::format("tools[{}]", i));
+      if (tool.string("type").value_or("function") != "function") tool.fail("type", "\"function\"");
+      const nlohmann::json* fn = tool.find("function");
+      if (!fn) tool.fail("function", "an object with a name");
+      const std::optional<std::string> name = JsonFields(*fn, tool.path("function")).string("name");
+      if (!name || name->empty()) JsonFields(*fn, tool.path("function")).fail("name", "a non-empty string");
+    }
+    if (!t->empty()) tools = nlohmann::ordered_json::parse(body)["tools"];
+  }
+  r.parse_tools = !tools.is_null() && tool_choice != "none";
+
+  if (!ctx.tokenizer || !ctx.chat) {
+    throw ApiError(
+        400,
+        "this model has no tokenizer (no tiktoken.model in its directory): use /v1/completions with "
+        "token ids");
+  }
+  try {
+    // A tool list with tool_choice "none" is still declared: the model may mention the tools but not call
+    // them.
+    r.seq.prompt = ctx.chat->render_ordered(msgs, tools, /*add_generation_prompt=*/true);
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), "messages");
+  }
+  const std::vector<int32_t> turn_end = ctx.chat->stop_ids();
+  r.seq.stop_ids.insert(r.seq.stop_ids.end(), turn_end.begin(), turn_end.end());
+  settle_lengths(r, max_tokens, ctx, "messages");
+  return r;
+}
+
+}  // namespace hlm

@@ -1,0 +1,51 @@
+// Requests of /v1/completions and /v1/chat/completions, validated into what the engine runs. Every
+// field is read with its type and range checked (json_fields.h); what helixlm does not implement
+// (n > 1, penalties, logit_bias, echo, constrained decoding, tool_choice "required") is refused by name
+// rather than silently ignored. Prompts are tokenized here, and lengths are checked against
+// --max-model-len, so a request the engine would refuse never leaves the HTTP thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/scheduler.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace hlm {
+
+// What a request is checked and rendered against; owned by the server for its lifetime.
+struct ServingContext {
+  std::string model_name;
+  int64_t max_model_len = 0;
+  int64_t vocab_size = 0;                // the model's
+  const Tokenizer* tokenizer = nullptr;  // null: the model directory has none; only id prompts work
+  const ChatTemplate* chat = nullptr;    // null without a tokenizer
+};
+
+enum class Endpoint { kCompletions, kChat };
+
+struct GenerationRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  SeqRequest seq;  // prompt ids, max_new_tokens, sampling, stop ids, logprobs
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  std::vector<std::string> stop;
+  bool skip_special_tokens = true;
+  bool return_token_ids = false;  // vLLM's extension: prompt and output ids in the response
+  // Chat only.
+  bool parse_tools = false;  // tools given and tool_choice is not "none"
+};
+
+// `body`: the raw request body (chat re-reads `tools` in the client's key order for the template).
+GenerationRequest parse_completion_request(const std::string& body, const ServingContext& ctx);
+GenerationRequest parse_chat_request(const std::string& body, const ServingContext& ctx);
+
+// The OpenAI `messages` array as chat messages (content parts of type "text" are joined).
+std::vector<ChatMessage> parse_messages(const nlohmann::json& messages);
+
+}  // namespace hlm

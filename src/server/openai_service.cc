@@ -1,0 +1,118 @@
+#include "server/openai_service.h"
+
+#include <chrono>
+#include <climits>
+
+#include <fmt/format.h>
+
+#include "server/api_error.h"
+#include "server/json_fields.h"
+#include "server/response_writer.h"
+
+namespace hlm {
+
+namespace {
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void reply(httplib::Response& res, const nlohmann::json& body) {
+  res.status = 200;
+  res.set_content(dump_json(body), "application/json");
+}
+
+const Tokenizer& need_tokenizer(const ServingContext& ctx) {
+  if (!ctx.tokenizer) throw ApiError(400, "this model has no tokenizer (no tiktoken.model in its directory)");
+  return *ctx.tokenizer;
+}
+
+}  // namespace
+
+OpenAiService::OpenAiService(const ServingContext& ctx, EngineLoop& loop, Metrics& metrics)
+    : ctx_(ctx), loop_(loop), metrics_(metrics), created_(unix_now()) {}
+
+void OpenAiService::models(const httplib::Request&, httplib::Response& res) {
+  nlohmann::json model = {{"id", ctx_.model_name},
+                          {"object", "model"},
+                          {"created", created_},
+                          {"owned_by", "helixlm"},
+                          {"max_model_len", ctx_.max_model_len}};
+  reply(res, {{"object", "list"}, {"data", nlohmann::json::array({model})}});
+}
+
+void OpenAiService::completions(const httplib::Request& req, httplib::Response& res) {
+  generate(parse_completion_request(req.body, ctx_), res);
+}
+
+void OpenAiService::chat_completions(const httplib::Request& req, httplib::Response& res) {
+  generate(parse_chat_request(req.body, ctx_), res);
+}
+
+void OpenAiService::generate(const GenerationRequest& request, httplib::Response& res) {
+  const Clock::time_point arrival = Clock::now();
+  const char* prefix = request.endpoint == Endpoint::kChat ? "chatcmpl" : "cmpl";
+  // Everything that may fail comes before submit: once submitted, only the writer ends the request.
+  GenerationResponse response(request, ctx_, fmt::format("{}-{}", prefix, next_response_++), unix_now());
+  std::shared_ptr<RequestChannel> channel = loop_.submit(request.seq);
+  auto writer = std::make_shared<ResponseWriter>(channel, std::move(response), request.stream, arrival, loop_,
+                                                 metrics_);
+  // Both kinds are written by a provider, which is what lets the server notice a client that left
+  // while it waits for tokens (this httplib has no other disconnect signal).
+  res.status = 200;
+  res.set_chunked_content_provider(
+      request.stream ? "text/event-stream" : "application/json",
+      [writer](size_t, httplib::DataSink& sink) { return writer->pump(sink); },
+      [writer](bool success) { writer->close(success); });
+  if (request.stream) res.set_header("Cache-Control", "no-cache");
+}
+
+void OpenAiService::tokenize(const httplib::Request& req, httplib::Response& res) {
+  const nlohmann::json body = parse_json_object(req.body);
+  const JsonFields f(body, "");
+  const Tokenizer& tok = need_tokenizer(ctx_);
+  std::vector<int32_t> ids;
+  if (const nlohmann::json* messages = f.find("messages")) {
+    if (!ctx_.chat) throw ApiError(400, "this model has no chat template", "messages");
+    const bool generation_prompt = f.boolean("add_generation_prompt").value_or(true);
+    ids = ctx_.chat->render(parse_messages(*messages), nullptr, generation_prompt);
+  } else {
+    // llama-server names the text "content", vLLM "prompt"; both are accepted.
+    std::optional<std::string> text = f.string("content");
+    if (!text) text = f.string("prompt");
+    if (!text) f.fail("content", "a string (the text to tokenize)");
+    ids = tok.encode(*text, f.boolean("parse_special").value_or(false));
+  }
+  nlohmann::json tokens = nlohmann::json::array();
+  if (f.boolean("with_pieces").value_or(false)) {
+    for (int32_t id : ids) tokens.push_back({{"id", id}, {"piece", std::string(tok.token_bytes(id))}});
+  } else {
+    tokens = ids;
+  }
+  reply(res, {{"tokens", tokens}, {"count", ids.size()}, {"max_model_len", ctx_.max_model_len}});
+}
+
+void OpenAiService::detokenize(const httplib::Request& req, httplib::Response& res) {
+  const nlohmann::json body = parse_json_object(req.body);
+  const JsonFields f(body, "");
+  const Tokenizer& tok = need_tokenizer(ctx_);
+  const nlohmann::json* tokens = f.find("tokens");
+  if (!tokens || !tokens->is_array()) f.fail("tokens", "an array of token ids");
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    const nlohmann::json& x = (*tokens)[i];
+    const bool is_id = x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() <= INT32_MAX;
+    if (!is_id || !tok.contains(x.get<int32_t>())) {
+      throw ApiError(400,
+                     fmt::format("'tokens[{}]' is not a token id of this tokenizer (got {})", i, x.dump()),
+                     "tokens");
+    }
+    ids.push_back(x.get<int32_t>());
+  }
+  const std::string text = tok.decode(ids);
+  // llama-server answers "content", vLLM "prompt": the same text under both names.
+  reply(res, {{"content", text}, {"prompt", text}});
+}
+
+}  // namespace hlm

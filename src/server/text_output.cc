@@ -1,0 +1,59 @@
+#include "server/text_output.h"
+
+#include "tokenizer/utf8.h"
+
+namespace hlm {
+
+TextOutput::TextOutput(const Tokenizer* tokenizer, std::vector<std::string> stop, bool skip_special_tokens)
+    : tokenizer_(tokenizer), stop_(std::move(stop)), skip_special_(skip_special_tokens) {
+  if (tokenizer_) decoder_.emplace(*tokenizer_);
+}
+
+std::string TextOutput::release(std::string text) {
+  held_ += text;
+  // The earliest full match ends the output.
+  size_t cut = std::string::npos;
+  for (const std::string& s : stop_) cut = std::min(cut, held_.find(s));
+  if (cut != std::string::npos) {
+    stopped_ = true;
+    std::string out = held_.substr(0, cut);
+    held_.clear();
+    return out;
+  }
+  // Hold the longest tail that is a proper prefix of a stop string. The held text is valid UTF-8 and a
+  // stop string starts on a character boundary, so the released part never ends inside a character.
+  size_t keep = 0;
+  for (const std::string& s : stop_) {
+    for (size_t n = std::min(s.size() - 1, held_.size()); n > keep; --n) {
+      if (held_.compare(held_.size() - n, n, s, 0, n) == 0) {
+        keep = n;
+        break;
+      }
+    }
+  }
+  std::string out = held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return out;
+}
+
+std::string TextOutput::push(int32_t id, bool stop_token) {
+  if (!decoder_ || stopped_ || stop_token) return "";
+  if (skip_special_ && tokenizer_->is_special(id)) return "";
+  return release(decoder_->push(id));
+}
+
+std::string TextOutput::finish() {
+  if (!decoder_ || stopped_) return "";
+  std::string out = release(decoder_->flush());
+  if (stopped_) return out;
+  out += held_;
+  held_.clear();
+  return out;
+}
+
+std::string TextOutput::token_text(int32_t id) const {
+  if (!tokenizer_) return "token_id:" + std::to_string(id);
+  return to_valid_utf8(tokenizer_->token_bytes(id));
+}
+
+}  // namespace hlm

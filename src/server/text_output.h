@@ -1,0 +1,40 @@
+// TextOutput: a sequence's tokens as response text. Detokenizes incrementally (a UTF-8 character split
+// across tokens is held until complete), leaves out special tokens when asked and the id that stopped
+// the sequence, and applies the request's stop strings: text is released only once no stop string can
+// begin in it, and a match ends the output right before the stop string (as vLLM and OpenAI do). Without
+// a tokenizer there is no text: every call returns "".
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tokenizer/tokenizer.h"
+
+namespace hlm {
+
+class TextOutput {
+ public:
+  TextOutput(const Tokenizer* tokenizer, std::vector<std::string> stop, bool skip_special_tokens);
+
+  // The text this token releases. After a stop-string match, stopped() is true and later calls return "".
+  std::string push(int32_t id, bool stop_token);
+  // The end of the sequence: whatever was held back.
+  std::string finish();
+  bool stopped() const { return stopped_; }
+
+  // The text of one token on its own, for log-probability entries (invalid UTF-8 replaced).
+  std::string token_text(int32_t id) const;
+
+ private:
+  std::string release(std::string text);
+
+  const Tokenizer* tokenizer_;
+  std::optional<StreamDecoder> decoder_;
+  std::vector<std::string> stop_;
+  bool skip_special_;
+  std::string held_;  // decoded text that may be the start of a stop string
+  bool stopped_ = false;
+};
+
+}  // namespace hlm

@@ -1,0 +1,184 @@
+"""The server as the official `openai` Python client sees it, on the bundled tiny model: model list,
+completions and chat, streaming and not, usage, stop strings and stop ids, sampling seeds, logprobs,
+tokenize / detokenize. The model is random, so expectations are relations the server must keep (a
+stream carries exactly the non-streamed answer; a stop string cuts the text right before its first
+occurrence; ...), computed from the server's own greedy output."""
+import subprocess
+import unittest
+
+import openai
+
+from server_harness import TINY_MODEL, Server, helixlm_binary
+
+NAME = "kimi-tiny"
+PROMPT = [5, 17, 300, 41, 7]
+GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True, "return_token_ids": True}}
+
+
+def setUpModule():
+    global SERVER, CLIENT
+    SERVER = Server("--served-model-name", NAME, "--max-model-len", "1024")
+    CLIENT = openai.OpenAI(base_url=SERVER.base + "/v1", api_key="unused", max_retries=0)
+
+
+def tearDownModule():
+    SERVER.__exit__(None, None, None)
+
+
+def token_ids(choice):
+    return choice.model_extra["token_ids"]
+
+
+def chat(**kw):
+    return CLIENT.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hello there"}], **kw)
+
+
+class Completions(unittest.TestCase):
+    def test_models_lists_the_served_name(self):
+        models = CLIENT.models.list().data
+        self.assertEqual([m.id for m in models], [NAME])
+
+    def test_non_streaming_answer_and_usage(self):
+        r = CLIENT.completions.create(model=NAME, prompt=PROMPT, max_tokens=8, **GREEDY)
+        self.assertEqual(r.object, "text_completion")
+        choice = r.choices[0]
+        self.assertEqual(choice.finish_reason, "length")
+        self.assertEqual(len(token_ids(choice)), 8)
+        self.assertEqual((r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens), (5, 8, 13))
+
+    def test_stream_carries_exactly_the_non_streamed_answer(self):
+        whole = CLIENT.completions.create(model=NAME, prompt=PROMPT, max_tokens=12, **GREEDY)
+        chunks = list(CLIENT.completions.create(model=NAME, prompt=PROMPT, max_tokens=12, stream=True,
+                                                stream_options={"include_usage": True}, **GREEDY))
+        ids = [i for c in chunks if c.choices for i in token_ids(c.choices[0])]
+        self.assertEqual(ids, token_ids(whole.choices[0]))
+        self.assertEqual("".join(c.choices[0].text for c in chunks if c.choices), whole.choices[0].text)
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+        self.assertEqual(finishes[-1], "length")
+        self.assertTrue(all(f is None for f in finishes[:-1]))
+        # The usage chunk comes last, with no choices.
+        self.assertEqual(chunks[-1].choices, [])
+        self.assertEqual(chunks[-1].usage.completion_tokens, 12)
+        self.assertEqual(chunks[-1].usage.prompt_tokens, 5)
+
+    def test_stop_token_ids_end_at_their_first_occurrence(self):
+        ref = token_ids(CLIENT.completions.create(model=NAME, prompt=PROMPT, max_tokens=16, **GREEDY).choices[0])
+        stop = ref[5]
+        r = CLIENT.completions.create(model=NAME, prompt=PROMPT, max_tokens=16, temperature=0,
+                                      extra_body={"ignore_eos": True, "return_token_ids": True,
+                                                  "stop_token_ids": [stop]})
+        end = ref.index(stop)
+        self.assertEqual(token_ids(r.choices[0]), ref[:end + 1])
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+        self.assertEqual(r.usage.completion_tokens, end + 1)
+
+    def test_seeded_sampling_is_reproducible(self):
+        def sample(seed):
+            r = CLIENT.completions.create(model=NAME, prompt=PROMPT, max_tokens=24, temperature=1.0, top_p=0.95,
+                                          seed=seed, extra_body={"top_k": 50, "return_token_ids": True,
+                                                                 "ignore_eos": True})
+            return token_ids(r.choices[0])
+
+        self.assertEqual(sample(7), sample(7))
+        self.assertNotEqual(sample(7), sample(8))
+
+    def test_logprobs_of_greedy_tokens_are_the_best(self):
+        r = CLIENT.completions.create(model=NAME, prompt=PROMPT, max_tokens=4, logprobs=3, **GREEDY)
+        lp = r.choices[0].logprobs
+        self.assertEqual(len(lp.token_logprobs), 4)
+        for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+            # The legacy format keys alternatives by text: tokens that decode alike share one entry.
+            self.assertIn(len(top), (1, 2, 3))
+            self.assertAlmostEqual(chosen, max(top.values()), places=5)
+            self.assertLess(chosen, 0.0)
+
+    def test_default_max_tokens_is_sixteen(self):
+        r = CLIENT.completions.create(model=NAME, prompt=PROMPT, temperature=0, extra_body={"ignore_eos": True})
+        self.assertEqual(r.usage.completion_tokens, 16)
+
+    def test_refusals_raise_the_clients_errors(self):
+        with self.assertRaises(openai.BadRequestError):
+            CLIENT.completions.create(model=NAME, prompt=PROMPT, n=2)
+        with self.assertRaises(openai.NotFoundError):
+            CLIENT.completions.create(model="gpt-4", prompt=PROMPT)
+
+
+class Text(unittest.TestCase):
+    """Needs the bundled model's tokenizer."""
+
+    def test_text_prompt_is_tokenized_as_tokenize_says(self):
+        status, tok = SERVER.post("/tokenize", {"content": "Hello, world"})
+        self.assertEqual(status, 200, tok)
+        r = CLIENT.completions.create(model=NAME, prompt="Hello, world", max_tokens=2, **GREEDY)
+        self.assertEqual(r.usage.prompt_tokens, tok["count"])
+        self.assertEqual(r.choices[0].model_extra["prompt_token_ids"], tok["tokens"])
+        status, detok = SERVER.post("/detokenize", {"tokens": tok["tokens"]})
+        self.assertEqual(status, 200)
+        self.assertEqual(detok["content"], "Hello, world")
+
+    def test_chat_stream_carries_exactly_the_non_streamed_answer(self):
+        whole = chat(max_tokens=12, **GREEDY)
+        self.assertEqual(whole.object, "chat.completion")
+        msg = whole.choices[0].message
+        self.assertEqual(msg.role, "assistant")
+        chunks = list(chat(max_tokens=12, stream=True, stream_options={"include_usage": True}, **GREEDY))
+        self.assertEqual(chunks[0].choices[0].delta.role, "assistant")
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        reasoning = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks
+                            if c.choices)
+        self.assertEqual(content, msg.content or "")
+        self.assertEqual(reasoning, (msg.model_extra or {}).get("reasoning_content") or "")
+        ids = [i for c in chunks if c.choices for i in c.choices[0].model_extra.get("token_ids", [])]
+        self.assertEqual(ids, token_ids(whole.choices[0]))
+        self.assertEqual(chunks[-1].usage.total_tokens, whole.usage.total_tokens)
+        self.assertEqual(whole.usage.completion_tokens, 12)
+
+    def test_stop_string_cuts_before_its_first_occurrence(self):
+        full = CLIENT.completions.create(model=NAME, prompt="Once upon a time", max_tokens=40,
+                                         **GREEDY).choices[0].text
+        # A stop string from the middle of the greedy text (the model is random: any text will do).
+        text = full.replace("\ufffd", "")
+        self.assertGreater(len(text), 6, repr(full))
+        stop = text[len(text) // 2:len(text) // 2 + 2]
+        expected = full[:full.find(stop)]
+        for stream in (False, True):
+            r = CLIENT.completions.create(model=NAME, prompt="Once upon a time", max_tokens=40, stop=[stop],
+                                          stream=stream, **GREEDY)
+            if stream:
+                chunks = [c for c in r if c.choices]
+                got = "".join(c.choices[0].text for c in chunks)
+                finish = chunks[-1].choices[0].finish_reason
+            else:
+                got, finish = r.choices[0].text, r.choices[0].finish_reason
+            self.assertEqual(got, expected, (stream, stop, full))
+            self.assertEqual(finish, "stop")
+
+    def test_chat_logprobs(self):
+        r = chat(max_tokens=3, logprobs=True, top_logprobs=2, **GREEDY)
+        content = r.choices[0].logprobs.content
+        self.assertEqual(len(content), 3)
+        for entry in content:
+            self.assertEqual(len(entry.top_logprobs), 2)
+            self.assertAlmostEqual(entry.logprob, entry.top_logprobs[0].logprob, places=5)
+
+    def test_tools_are_accepted_and_required_is_refused(self):
+        tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                                   "parameters": {"type": "object",
+                                                                  "properties": {"city": {"type": "string"}}}}}]
+        r = chat(max_tokens=4, tools=tools, **GREEDY)
+        self.assertIn(r.choices[0].finish_reason, ("length", "stop", "tool_calls"))
+        with self.assertRaises(openai.BadRequestError):
+            chat(max_tokens=4, tools=tools, tool_choice="required")
+
+    def test_helixlm_chat_answers_as_the_server_does(self):
+        whole = chat(max_tokens=12, **GREEDY).choices[0].message
+        reasoning = (whole.model_extra or {}).get("reasoning_content")
+        expected = (f"[{reasoning}]" if reasoning else "") + (whole.content or "")
+        run = subprocess.run([helixlm_binary(), "chat", "-m", TINY_MODEL, "-n", "12"], input="Hello there\n",
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertEqual(run.stdout, expected + "\n")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,197 @@
+// The continuous-batching scheduler on a real tiny model: sequences batched with others (prompts split
+// into chunks between other sequences' decode steps) give the reference's greedy ids; admission waits
+// for a slot and for the pages of a sequence's whole length; cancelled and finished sequences give their
+// slot and pages back at the next step; the token budget bounds every step.
+#include "runtime/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "base/error.h"
+#include "fixtures.h"
+
+namespace hlm {
+namespace {
+
+using test::GoldenCase;
+using test::Runner;
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  void make(EngineOptions eo) {
+    golden_ = test::load_golden_case("kimi-tiny-dense-first");
+    comm_ = make_single_comm();
+    runner_ = std::make_unique<Runner>(golden_.model_dir, Mapping::make(1, 1, 0), *comm_, eo);
+  }
+  SeqRequest greedy(size_t prompt, int64_t n) const {
+    SeqRequest r;
+    r.prompt = golden_.prompts[prompt].ids;
+    r.max_new_tokens = n;
+    r.stop_at_eos = false;
+    return r;
+  }
+  // Steps until idle; the ids each sequence produced.
+  std::map<int64_t, std::vector<int32_t>> drain(Scheduler& s, int64_t* steps = nullptr) {
+    std::map<int64_t, std::vector<int32_t>> out;
+    int64_t n = 0;
+    while (s.has_work()) {
+      for (const SeqOutput& o : s.step()) {
+        if (o.token) out[o.id].push_back(o.token->id);
+      }
+      ++n;
+    }
+    if (steps) *steps = n;
+    return out;
+  }
+
+  GoldenCase golden_;
+  std::unique_ptr<Comm> comm_;
+  std::unique_ptr<Runner> runner_;
+};
+
+TEST_F(SchedulerTest, BatchedChunkedSequencesGiveTheReferenceGreedyIds) {
+  make(EngineOptions{16, 8, 512});
+  // A 16-token budget splits the 37- and 150-token prompts into chunks that share steps with the
+  // decode tokens of the others; several copies of each prompt run at once.
+  Scheduler s(runner_->engine(), SchedulerOptions{8, 16});
+  int64_t id = 0;
+  std::map<int64_t, size_t> prompt_of;
+  for (int copy = 0; copy < 2; ++copy) {
+    for (size_t p = 0; p < golden_.prompts.size(); ++p) {
+      s.add(id, greedy(p, static_cast<int64_t>(golden_.prompts[p].greedy.size())));
+      prompt_of[id++] = p;
+    }
+  }
+  const auto out = drain(s);
+  ASSERT_EQ(out.size(), prompt_of.size());
+  for (const auto& [seq, ids] : out)
+    EXPECT_EQ(ids, golden_.prompts[prompt_of[seq]].greedy) << "sequence " << seq;
+  EXPECT_EQ(s.pages_free(), s.pages_total());
+  EXPECT_EQ(runner_->engine().kv().free_slots(), 8);
+}
+
+TEST_F(SchedulerTest, ATokenBudgetBoundsEachStep) {
+  make(EngineOptions{16, 2, 256});
+  // 150 prompt tokens in chunks of at most 16: the first token comes with the 10th step.
+  Scheduler s(runner_->engine(), SchedulerOptions{2, 16});
+  s.add(0, greedy(2, 3));
+  int64_t steps = 0;
+  int64_t first = -1;
+  while (s.has_work()) {
+    ++steps;
+    for (const SeqOutput& o : s.step()) {
+      if (o.token && first < 0) first = steps;
+    }
+  }
+  EXPECT_EQ(first, 10);
+}
+
+TEST_F(SchedulerTest, AdmissionWaitsForThePagesOfTheWholeSequence) {
+  // 16-token pages, 6 pages: a 37-token prompt + 40 new tokens needs 5 pages, so a second such
+  // sequence must wait although a state slot is free, and start once the first has finished.
+  make(EngineOptions{16, 4, 256, 6});
+  Scheduler s(runner_->engine(), SchedulerOptions{4, 64});
+  ASSERT_EQ(s.pages_for(77), 5);
+  s.add(0, greedy(1, 40));
+  s.add(1, greedy(1, 40));
+  int32_t most_running = 0;
+  std::map<int64_t, std::vector<int32_t>> out;
+  while (s.has_work()) {
+    for (const SeqOutput& o : s.step()) out[o.id].push_back(o.token->id);
+    most_running = std::max(most_running, s.num_running());
+    EXPECT_LE(s.pages_total() - s.pages_free(), 6);
+  }
+  EXPECT_EQ(most_running, 1);
+  EXPECT_EQ(out[0], out[1]);
+  EXPECT_EQ(s.pages_free(), 6);
+}
+
+TEST_F(SchedulerTest, CancelFreesTheSlotAndPagesAtTheNextStep) {
+  make(EngineOptions{16, 2, 256});
+  Scheduler s(runner_->engine(), SchedulerOptions{2, 64});
+  s.add(0, greedy(1, 100));
+  s.add(1, greedy(0, 100));
+  s.step();
+  s.step();
+  EXPECT_EQ(s.num_running(), 2);
+  EXPECT_LT(s.pages_free(), s.pages_total());
+  s.cancel(0);
+  s.cancel(1);
+  s.cancel(7);  // unknown ids are ignored
+  EXPECT_EQ(s.num_running(), 0);
+  EXPECT_TRUE(s.has_work());  // the release is still due
+  EXPECT_TRUE(s.step().empty());
+  EXPECT_EQ(s.pages_free(), s.pages_total());
+  EXPECT_EQ(runner_->engine().kv().free_slots(), 2);
+  EXPECT_FALSE(s.has_work());
+}
+
+TEST_F(SchedulerTest, StopIdsEndASequenceAndAreReported) {
+  make(EngineOptions{16, 2, 256});
+  Scheduler s(runner_->engine(), SchedulerOptions{2, 64});
+  const std::vector<int32_t>& ref = golden_.prompts[1].greedy;
+  SeqRequest r = greedy(1, 24);
+  r.stop_ids = {ref[3]};
+  s.add(0, r);
+  std::vector<SeqOutput> outs;
+  while (s.has_work()) {
+    for (const SeqOutput& o : s.step()) outs.push_back(o);
+  }
+  // The first occurrence of ref[3] ends it (it may appear earlier than index 3).
+  const size_t end = std::find(ref.begin(), ref.end(), ref[3]) - ref.begin();
+  ASSERT_EQ(outs.size(), end + 1);
+  EXPECT_TRUE(outs.back().stop_token);
+  EXPECT_EQ(outs.back().finish, FinishReason::kStop);
+  EXPECT_EQ(outs.back().token->id, ref[3]);
+  EXPECT_EQ(outs[0].finish, FinishReason::kNone);
+}
+
+TEST_F(SchedulerTest, LogprobsAreALogSoftmaxWithTheSampledTokenFirstWhenGreedy) {
+  make(EngineOptions{16, 2, 256});
+  Scheduler s(runner_->engine(), SchedulerOptions{2, 64});
+  SeqRequest r = greedy(1, 2);
+  r.top_logprobs = 3;
+  s.add(0, r);
+  while (s.has_work()) {
+    for (const SeqOutput& o : s.step()) {
+      ASSERT_EQ(o.token->top.size(), 3u);
+      EXPECT_EQ(o.token->top[0].id, o.token->id);
+      EXPECT_FLOAT_EQ(o.token->top[0].logprob, o.token->logprob);
+      EXPECT_LT(o.token->logprob, 0.0f);
+      EXPECT_GE(o.token->top[0].logprob, o.token->top[1].logprob);
+    }
+  }
+}
+
+TEST_F(SchedulerTest, RefusesSequencesThatCouldNeverRun) {
+  make(EngineOptions{16, 2, 64, 2});
+  Scheduler s(runner_->engine(), SchedulerOptions{2, 64});
+  SeqRequest empty;
+  EXPECT_THROW(s.add(0, empty), Error);
+  SeqRequest too_long = greedy(1, 40);  // 77 > max_seq_len 64
+  EXPECT_THROW(s.add(1, too_long), Error);
+  SeqRequest too_many_pages = greedy(1, 20);  // 57 tokens = 4 pages of 16, the pool has 2
+  EXPECT_THROW(s.add(2, too_many_pages), Error);
+  SeqRequest bad_id = greedy(0, 1);
+  bad_id.prompt = {100000};
+  EXPECT_THROW(s.add(3, bad_id), Error);
+  EXPECT_FALSE(s.has_work());
+  EXPECT_THROW(Scheduler(runner_->engine(), SchedulerOptions{3, 64}), Error);  // more than the slots
+  EXPECT_THROW(Scheduler(runner_->engine(), SchedulerOptions{2, 1}), Error);   // budget below the batch
+}
+
+TEST_F(SchedulerTest, ZeroNewTokensEndsWithoutRunning) {
+  make(EngineOptions{16, 2, 256});
+  Scheduler s(runner_->engine(), SchedulerOptions{2, 64});
+  s.add(5, greedy(1, 0));
+  const std::vector<SeqOutput> outs = s.step();
+  ASSERT_EQ(outs.size(), 1u);
+  EXPECT_EQ(outs[0].id, 5);
+  EXPECT_FALSE(outs[0].token.has_value());
+  EXPECT_EQ(outs[0].finish, FinishReason::kLength);
+  EXPECT_FALSE(s.has_work());
+}
+
+}  // namespace
+}  // namespace hlm
