@@ -1,11 +1,17 @@
 // Helix on GPUs, one process per GPU (CTest: `with_gpus.sh 2 mpirun -np 2 gpu_helix_test --tp T --cp C`):
-// every golden fixture on tp·cp GPUs against the same engine on one GPU (rank 0's) — logits within
-// relative L2 1e-2 through chunked prefill and decode, and greedy ids equal up to the first position where
-// the one-GPU run's top-2 margin is below 0.1 (beyond a near tie bf16 may pick the other token), with
-// decode steps eager and replayed as CUDA graphs; on every rank the pages held equal local_len and the
+// every golden fixture on tp·cp GPUs against the same engine on one GPU (rank 0's) — logits close in
+// relative L2 through chunked prefill and decode, and greedy ids equal up to the first position where the
+// one-GPU run's top-2 margin is small enough for bf16 to pick the other token (bounds below), with decode
+// steps eager and replayed as CUDA graphs; on every rank the pages held equal local_len and the
 // weight bytes read equal the plan. Rank 0 drives the engine; the others serve the same steps.
-// Checks use EXPECT, never ASSERT, and exceptions end the process: a rank that left early would leave
-// the others waiting in a collective.
+//
+// Helix rounds in other places than one GPU does (each rank's partial projection is rounded to bf16 before
+// the all-reduce sums it), so the two runs are two bf16 roundings of the same computation, and their
+// distance is of the order of what bf16 rounding alone does to the fixture's reference
+// (bf16_reference.json: 0.05-0.26 on the loud fixtures, about 1e-2 on the realistic ones). The bounds are
+// therefore those cuda_model_test holds a GPU run to: the larger of 1e-2 and twice the reference's own
+// bf16 error, and greedy ids only where the top-2 margin exceeds both 0.1 and the largest logit change
+// bf16 causes in the reference. A wrong formula or a misrouted shard lands near 1.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -28,6 +34,7 @@ std::unique_ptr<Comm> g_comm;
 
 constexpr double kLogitRelL2 = 1e-2;
 constexpr float kGreedyMargin = 0.1f;
+constexpr double kOverReferenceBf16 = 2.0;
 constexpr int64_t kPageSize = 16;  // small pages: prompts span many pages and every rank owns several
 constexpr int64_t kPrefillChunk = 23;
 
@@ -57,6 +64,11 @@ class GpuHelix : public ::testing::TestWithParam<std::string> {
         layout_violations(cfg, LayoutRequest{g_tp, g_cp, 0, 0, kPageSize});
     if (!violations.empty()) GTEST_SKIP() << violations.front();
     golden_ = load_golden_case(GetParam());
+    const Bf16Noise noise = load_bf16_noise(golden_);
+    for (size_t i = 0; i < golden_.prompts.size(); ++i) {
+      bound_.push_back(std::max(kLogitRelL2, kOverReferenceBf16 * noise.rel_l2[i]));
+      margin_.push_back(std::max(kGreedyMargin, noise.max_abs[i]));
+    }
   }
   bool driver() const { return g_comm->rank() == 0; }
   // Built by every rank in the same order (the GPU Comm and, with graphs, warmup are collective).
@@ -67,6 +79,8 @@ class GpuHelix : public ::testing::TestWithParam<std::string> {
   void logits_and_greedy_ids_match_one_gpu(bool graphs);
 
   GoldenCase golden_;
+  std::vector<double> bound_;  // per prompt: allowed relative L2 distance of the logits from one GPU
+  std::vector<float> margin_;  // per prompt: top-2 margin above which greedy ids must agree
 };
 
 void GpuHelix::logits_and_greedy_ids_match_one_gpu(bool graphs) {
@@ -89,8 +103,9 @@ void GpuHelix::logits_and_greedy_ids_match_one_gpu(bool graphs) {
     const Tensor got = sequence_logits(engine, 1, ids, prompt_len, kPrefillChunk);
     const Tensor want = sequence_logits(single.engine(), 1, ids, prompt_len, kPrefillChunk);
     const double err = rel_l2(got, want);
-    std::cout << label << " prompt " << i << " logits rel L2 vs one GPU = " << err << "\n";
-    EXPECT_LE(err, kLogitRelL2) << "prompt " << i;
+    std::cout << label << " prompt " << i << " logits rel L2 vs one GPU = " << err << " (bound " << bound_[i]
+              << ")\n";
+    EXPECT_LE(err, bound_[i]) << "prompt " << i;
   }
   std::vector<std::vector<int32_t>> prompts;
   for (const GoldenPrompt& p : golden_.prompts) prompts.push_back(p.ids);
@@ -112,14 +127,14 @@ void GpuHelix::logits_and_greedy_ids_match_one_gpu(bool graphs) {
     size_t checked = 0;
     for (size_t j = 0; j < want[i].size() && j < got[i].size(); ++j) {
       if (top2_margin(logits.data<float>() + (prompt_len - 1 + static_cast<int64_t>(j)) * vocab, vocab) <
-          kGreedyMargin) {
+          margin_[i]) {
         break;
       }
       EXPECT_EQ(got[i][j], want[i][j]) << "prompt " << i << " position " << j;
       ++checked;
     }
     std::cout << label << " prompt " << i << ": " << checked << " of " << want[i].size()
-              << " greedy ids checked (margin >= " << kGreedyMargin << ")\n";
+              << " greedy ids checked (margin >= " << margin_[i] << ")\n";
   }
 }
 

@@ -18,7 +18,14 @@ namespace fs = std::filesystem;
 
 namespace {
 constexpr const char* kTwinSuffix = "-moonshot";
+
+// Where a fixture's references live: its own directory, or its base fixture's for a "-moonshot" twin.
+std::string reference_dir(const std::string& name) {
+  std::string dir = std::string(HLM_FIXTURES_DIR) + "/" + name;
+  if (name.ends_with(kTwinSuffix)) dir.resize(dir.size() - std::string(kTwinSuffix).size());
+  return dir;
 }
+}  // namespace
 
 std::vector<std::string> golden_case_names() {
   std::vector<std::string> names;
@@ -35,9 +42,7 @@ GoldenCase load_golden_case(const std::string& name) {
   GoldenCase c;
   c.name = name;
   c.model_dir = std::string(HLM_FIXTURES_DIR) + "/" + name;
-  std::string golden_dir = c.model_dir;
-  if (name.ends_with(kTwinSuffix))
-    golden_dir = golden_dir.substr(0, golden_dir.size() - std::string(kTwinSuffix).size());
+  const std::string golden_dir = reference_dir(name);
   std::ifstream in(golden_dir + "/golden.json");
   HLM_CHECK(in.good(), "{}/golden.json missing", golden_dir);
   nlohmann::json doc = nlohmann::json::parse(in);
@@ -49,6 +54,21 @@ GoldenCase load_golden_case(const std::string& name) {
     c.prompts.push_back(std::move(g));
   }
   return c;
+}
+
+Bf16Noise load_bf16_noise(const GoldenCase& c) {
+  const std::string path = reference_dir(c.name) + "/bf16_reference.json";
+  std::ifstream in(path);
+  HLM_CHECK(in.good(), "{} missing (tools/bf16_reference.py makes it)", path);
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  Bf16Noise n;
+  for (const auto& p : doc.at("prompts")) {
+    n.rel_l2.push_back(p.at("rel_l2").get<double>());
+    n.max_abs.push_back(p.at("max_abs").get<float>());
+  }
+  HLM_CHECK(n.rel_l2.size() == c.prompts.size(), "{} lists {} prompts, the fixture has {}", path,
+            n.rel_l2.size(), c.prompts.size());
+  return n;
 }
 
 Runner::Runner(const std::string& model_dir, const Mapping& mapping, Comm& comm, EngineOptions options,
