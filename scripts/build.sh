@@ -11,5 +11,7 @@ while [ $# -gt 0 ]; do
     *) args+=("$1"); shift ;;
   esac
 done
+# The CUDA toolkit's usual home, where it is installed but not on PATH (CMake finds nvcc on PATH).
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${args[@]}" >/dev/null
 cmake --build "$build_dir" -j"$(nproc)"

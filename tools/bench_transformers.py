@@ -5,6 +5,10 @@ Mirrors `helixlm bench`: prefill `--context` random tokens (fixed seed) into a c
 single-token decode steps with that cache, `--repeats` times, and print the median step time. fp32
 weights from the checkpoint (as helixlm's CPU backend), pure-PyTorch paths (no fla / hub kernels).
 
+transformers 5.x names the cache argument of KimiLinearForCausalLM.forward `cache` (`past_key_values` is its
+deprecated alias). An unknown keyword would vanish into **kwargs and every step would decode without its
+context, timing the wrong thing, so each run checks that the cache grew by one token per decode step.
+
     python3 tools/bench_transformers.py -m tests/fixtures/kimi-tiny-dense-first --context 512 --steps 32 --threads 1
 """
 
@@ -39,11 +43,13 @@ def main() -> None:
             prefill_rates.append(args.context / (time.perf_counter() - start))
             cache = out.cache if hasattr(out, "cache") else out.past_key_values
             token = out.logits[:, -1:].argmax(-1)
-            for _ in range(args.steps):
+            for step in range(args.steps):
                 start = time.perf_counter()
                 out = model(input_ids=token, cache=cache, use_cache=True)
                 step_times.append(time.perf_counter() - start)
                 token = out.logits[:, -1:].argmax(-1)
+                seen = cache.get_seq_length()
+                assert seen == args.context + step + 1, f"decode step {step} saw {seen} cached tokens: no context"
     step = statistics.median(step_times)
     print(f"transformers {args.model}: context {args.context}, threads {args.threads}")
     print(f"prefill: {statistics.median(prefill_rates):.0f} tokens/s (median)")

@@ -38,8 +38,9 @@ seed is first screened on passes over the prompts alone (cheap, no greedy decodi
 way in the final pass, whose margin can only be smaller.
 
 Rerun (takes about a minute on CPU; the output is deterministic; with the default --out it also points the
-bundled model models/kimi-linear-tiny at the first fixture):
-    python3 tools/make_golden.py [--out tests/fixtures]
+bundled model models/kimi-linear-tiny at the first fixture; --only NAME builds just that fixture, leaving the
+others as they are):
+    python3 tools/make_golden.py [--out tests/fixtures] [--only NAME ...]
 To add a fixture, append a FixtureSpec to FIXTURES.
 """
 
@@ -311,6 +312,24 @@ FIXTURES = [
         k3=True,
         init_std=0.02,
         norm_std=0.02,
+    ),
+    # MXFP4 experts wide enough to split over --moe-tp: 128 intermediate rows are 4 scale groups of 32, so
+    # moe_tp 2 and 4 both give each rank whole groups (the parity suite runs EP x TP splits on it).
+    FixtureSpec(
+        name="k3-tiny-moe-tp",
+        seed=6000,
+        config=dict(
+            num_hidden_layers=4,
+            linear_attn_config=dict(K3_LINEAR_ATTN, kda_layers=[1, 3], full_attn_layers=[2, 4]),
+            num_expert_group=1,
+            topk_group=1,
+            moe_renormalize=True,
+            routed_scaling_factor=1.0,
+            num_shared_experts=1,
+            moe_intermediate_size=128,
+            attn_res_block_size=2,
+        ),
+        k3=True,
     ),
 ]
 
@@ -822,7 +841,7 @@ def check_pure_pytorch() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="fixtures directory")
-    parser.add_argument("--only", nargs="*", help="make only these fixtures (default: all)")
+    parser.add_argument("--only", action="append", choices=[spec.name for spec in FIXTURES], help="fixture to build")
     args = parser.parse_args()
     out = args.out.resolve()
     check_pure_pytorch()
@@ -831,7 +850,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     for spec in FIXTURES:
-        if not args.only or spec.name in args.only:
+        if args.only is None or spec.name in args.only:
             make_fixture(spec, out)
     if out == DEFAULT_OUT:
         link_bundled_model()

@@ -5,7 +5,7 @@
   fixtures (so the shared parts are wired like transformers).
 - The K3 deltas against hand-computed values or an independent implementation: MXFP4 bytes, AttnRes, SiTU, the
   bounded KDA gate (transformers' Glm5NextTextForgetGate implements the same "safe gate"), the latent MoE.
-- The committed K3 fixtures load (vision tensors skipped) and reproduce their logits.
+- The committed K3 fixtures load (vision tensors skipped) and reproduce the logits of every prompt within 1e-4.
 
 Run (about half a minute on CPU): python3 -m pytest tools/test_k3_reference.py   or   python3 tools/test_k3_reference.py
 """
@@ -24,9 +24,10 @@ import k3_reference as ref  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 TRANSFORMERS_TOLERANCE = 1e-5
-# The K3 fixtures' fp32 logits carry rounding noise up to ~1e-4 (measured against an fp64 run), so another machine's
-# BLAS may differ by about that much; on the machine that wrote them they reproduce exactly.
-FIXTURE_TOLERANCE = 5e-4
+# The tolerance docs/accuracy.md states. The fp32 reference differs from an fp64 run of the same weights by about 4e-5
+# at most, so another machine's BLAS reproduces the fixtures within that; measured on the CI machine: 3.7e-5 at most
+# over every prompt of every K3 fixture (the former 5e-4 hid nothing, it was only loose).
+FIXTURE_TOLERANCE = 1e-4
 
 
 def tiny_k3_text_config(**overrides) -> dict:
@@ -265,16 +266,18 @@ def test_attn_res_model_runs_and_is_causal():
 
 
 def test_k3_fixtures_reproduce():
-    for name in ("k3-tiny", "k3-tiny-grouped"):
-        directory = FIXTURES / name
+    for directory in sorted(FIXTURES.glob("k3-*")):
+        name = directory.name
         tensors = ref.read_checkpoint(directory)
         assert {k.split(".")[0] for k in tensors} == {"language_model", "vision_tower", "mm_projector"}
         model = ref.load_k3(directory)
         golden = json.loads((directory / "golden.json").read_text())
+        for i, prompt in enumerate(golden["prompts"]):
+            logits = model(prompt["ids"] + prompt["greedy"]).numpy()
+            error = np.abs(logits - np.load(directory / prompt["logits"])).max()
+            print(f"  {name} prompt {i}: max |dlogit| {error:.2e}")
+            assert error <= FIXTURE_TOLERANCE, f"{name} prompt {i}: max |dlogit| {error}"
         prompt = golden["prompts"][0]
-        logits = model(prompt["ids"] + prompt["greedy"]).numpy()
-        error = np.abs(logits - np.load(directory / prompt["logits"])).max()
-        assert error <= FIXTURE_TOLERANCE, f"{name}: max |dlogit| {error}"
         assert ref.greedy(model, prompt["ids"], 4) == prompt["greedy"][:4]
 
 

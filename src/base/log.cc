@@ -2,11 +2,18 @@
 
 #include <cstdlib>
 
+#include "base/error.h"
+
 #include <spdlog/sinks/stdout_color_sinks.h>
 
 namespace hlm {
 
 void init_logging(const std::string& level, int rank, int world_size) {
+  // spdlog reads an unknown name as "off", which would hide every log line, errors included.
+  static constexpr const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "off"};
+  bool known = false;
+  for (const char* l : kLevels) known = known || level == l;
+  HLM_CHECK(known, "--log-level '{}' is not one of trace, debug, info, warn, error, off", level);
   auto logger = spdlog::stderr_color_mt("helixlm");
   std::string prefix = world_size > 1 ? fmt::format("[rank {}] ", rank) : "";
   logger->set_pattern(prefix + "%^[%l]%$ %v");

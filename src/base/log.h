@@ -8,7 +8,7 @@
 
 namespace hlm {
 
-// level: "trace", "debug", "info", "warn", "error", "off".
+// level: "trace", "debug", "info", "warn", "error", "off"; anything else is an error naming --log-level.
 void init_logging(const std::string& level, int rank, int world_size);
 
 // 1536 -> "1.5 KiB", 98.2e9 -> "91.5 GiB": sizes in log lines and messages.

@@ -13,8 +13,21 @@ std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) {
+    // A negative dimension is reported by whoever checks shapes (reshape, empty); a product that wraps
+    // would size a buffer smaller than its shape, so it is an error here.
+    HLM_CHECK(!__builtin_mul_overflow(n, d, &n), "shape {} has more elements than 64-bit sizes hold",
+              shape_str(shape));
+  }
   return n;
+}
+
+size_t Tensor::nbytes() const {
+  const int64_t n = numel();
+  int64_t bytes = 0;
+  HLM_CHECK(n >= 0 && !__builtin_mul_overflow(n, static_cast<int64_t>(dtype_size(dtype_)), &bytes),
+            "tensor {}: byte size overflows 64-bit sizes", describe());
+  return static_cast<size_t>(bytes);
 }
 
 namespace {

@@ -20,6 +20,7 @@ enum class Device : uint8_t { kCpu, kCuda };
 using Shape = std::vector<int64_t>;
 
 std::string shape_str(const Shape& shape);
+// Product of the dimensions; throws naming the shape if it overflows int64.
 int64_t shape_numel(const Shape& shape);
 
 class Tensor {
@@ -41,7 +42,8 @@ class Tensor {
   // Size of dimension i; negative i counts from the end.
   int64_t dim(int i) const;
   int64_t numel() const { return shape_numel(shape_); }
-  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+  // numel() x element size; throws naming the tensor if that overflows int64.
+  size_t nbytes() const;
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
 

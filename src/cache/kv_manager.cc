@@ -5,29 +5,31 @@
 namespace hlm {
 
 KvManager::KvManager(const Placement& placement, int cp_rank, int64_t num_pages, int32_t num_slots)
-    : placement_(placement), cp_rank_(cp_rank), num_pages_(num_pages) {
+    : placement_(placement),
+      cp_rank_(cp_rank),
+      num_pages_(num_pages),
+      free_pages_(num_pages),
+      free_slots_(num_slots) {
   HLM_CHECK(placement.tokens_per_block > 0, "tokens_per_block must be positive (got {})",
             placement.tokens_per_block);
-  // Free lists are stacks; push in reverse so the lowest ids are handed out first.
-  for (int64_t p = num_pages - 1; p >= 0; --p) free_pages_.push_back(static_cast<int32_t>(p));
-  for (int32_t s = num_slots - 1; s >= 0; --s) free_slots_.push_back(s);
 }
 
 int32_t KvManager::add(int64_t seq_id) {
   HLM_CHECK(!has(seq_id), "sequence {} already exists", seq_id);
-  HLM_CHECK(!free_slots_.empty(), "no free KDA state slot for sequence {} (all {} in use); raise --max-batch",
-            seq_id, seqs_.size());
+  HLM_CHECK(free_slots_.free() > 0,
+            "no free KDA state slot for sequence {} (all {} in use); raise --max-batch", seq_id,
+            seqs_.size());
   Sequence s;
-  s.slot = free_slots_.back();
-  free_slots_.pop_back();
+  s.slot = free_slots_.take();
   seqs_.emplace(seq_id, std::move(s));
   return seqs_.at(seq_id).slot;
 }
 
 void KvManager::release(int64_t seq_id) {
   Sequence& s = get(seq_id);
-  for (auto it = s.pages.rbegin(); it != s.pages.rend(); ++it) free_pages_.push_back(*it);
-  free_slots_.push_back(s.slot);
+  // Reversed, so the sequence's first page is the next one handed out.
+  for (auto it = s.pages.rbegin(); it != s.pages.rend(); ++it) free_pages_.give(*it);
+  free_slots_.give(s.slot);
   seqs_.erase(seq_id);
 }
 
@@ -54,12 +56,9 @@ void KvManager::reserve(int64_t seq_id, int64_t n) {
   const int64_t missing = need - static_cast<int64_t>(s.pages.size());
   HLM_CHECK(missing <= free_pages(),
             "KV cache full on CP rank {}: sequence {} needs {} more pages of {} tokens, {} of {} are free; "
-            "raise --max-tokens or shorten the request",
+            "raise --max-seq-len or --max-batch, or shorten the request",
             cp_rank_, seq_id, missing, placement_.tokens_per_block, free_pages(), num_pages_);
-  for (int64_t i = 0; i < missing; ++i) {
-    s.pages.push_back(free_pages_.back());
-    free_pages_.pop_back();
-  }
+  for (int64_t i = 0; i < missing; ++i) s.pages.push_back(free_pages_.take());
   s.reserved_len = std::max(s.reserved_len, end);
 }
 

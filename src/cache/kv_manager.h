@@ -9,6 +9,7 @@
 #include <map>
 #include <vector>
 
+#include "cache/id_pool.h"
 #include "parallel/placement.h"
 
 namespace hlm {
@@ -37,8 +38,8 @@ class KvManager {
 
   const Placement& placement() const { return placement_; }
   int cp_rank() const { return cp_rank_; }
-  int64_t free_pages() const { return static_cast<int64_t>(free_pages_.size()); }
-  int32_t free_slots() const { return static_cast<int32_t>(free_slots_.size()); }
+  int64_t free_pages() const { return free_pages_.free(); }
+  int32_t free_slots() const { return static_cast<int32_t>(free_slots_.free()); }
 
  private:
   struct Sequence {
@@ -53,8 +54,8 @@ class KvManager {
   Placement placement_;
   int cp_rank_;
   int64_t num_pages_;
-  std::vector<int32_t> free_pages_;
-  std::vector<int32_t> free_slots_;
+  IdPool free_pages_;
+  IdPool free_slots_;
   std::map<int64_t, Sequence> seqs_;
 };
 

@@ -70,51 +70,20 @@ double measure_bandwidth(Ops& ops) {
   return median(rates);
 }
 
-struct StepBytes {
-  double weights = 0;  // dense weights + touched experts + embedding rows
-  double kv = 0;
-  double state = 0;
-  double total() const { return weights + kv + state; }
-};
-
-// Bytes one decode step of `batch` sequences at `context` tokens moves on this rank. Routed experts: the
-// expected number of distinct local experts among batch·k uniform draws from E (random weights route close
-// to uniformly; batch 1 touches exactly k).
-StepBytes decode_step_bytes(const ModelConfig& cfg, const Mapping& m, Ops& ops, const Session& s, int64_t context,
-                            int32_t batch, int64_t tokens_per_block) {
-  const std::vector<WeightSpec> layout = weight_layout(cfg);
-  const RankWeightBytes w = rank_weight_bytes(layout, m, [&](const WeightSpec& spec) {
-    const DType stored = s.stored_dtype(spec);
-    return stored == DType::kU8 ? stored : ops.weight_dtype(stored);
-  });
-  StepBytes b;
-  const auto cat = [&](WeightCategory c) { return static_cast<double>(w.by_category[static_cast<size_t>(c)]); };
-  b.weights = static_cast<double>(w.total) - cat(WeightCategory::kRoutedExperts) - cat(WeightCategory::kEmbedding);
-  b.weights += batch * cat(WeightCategory::kEmbedding) / static_cast<double>(cfg.vocab_size);
-  if (cfg.num_moe_layers() > 0) {
-    const double local = static_cast<double>(m.experts(cfg.num_experts).size());
-    const double per_expert = cat(WeightCategory::kRoutedExperts) / (cfg.num_moe_layers() * local);
-    const double p = static_cast<double>(cfg.experts_per_token) / static_cast<double>(cfg.num_experts);
-    const double touched = local * (1.0 - std::pow(1.0 - p, batch));
-    b.weights += cfg.num_moe_layers() * touched * per_expert;
-  }
-  const int64_t kv_elem = static_cast<int64_t>(dtype_size(ops.weight_dtype(DType::kBF16)));
-  const StateBytes st = state_bytes(cfg, m, kv_elem, kv_elem);
-  const Placement placement{tokens_per_block, m.cp};
-  b.kv = static_cast<double>(batch) * static_cast<double>(placement.local_len(context, m.cp_rank()) * st.kv_per_token);
-  b.state = 2.0 * batch * static_cast<double>(st.kda_recurrent + st.kda_conv);
-  return b;
-}
-
 int run_bench(const BenchArgs& a) {
-  HLM_CHECK(a.context > 0 && a.batch > 0 && a.steps > 0 && a.repeats > 0,
-            "--context, --batch, --steps and --repeats must be positive");
+  HLM_CHECK(a.context > 0 && a.batch > 0 && a.steps > 0 && a.repeats > 0 && a.prefill_chunk >= 0,
+            "--context, --batch, --steps and --repeats must be positive, --prefill-chunk >= 0");
+  check_session_options(a.session);
   SessionOptions so = a.session;
   const bool synthetic = a.synthetic < 0 ? so.random_weights : a.synthetic != 0;
   const Device device = resolve_device(so.device);
   const int64_t chunk = a.prefill_chunk > 0 ? a.prefill_chunk : (device == Device::kCuda ? 8192 : 512);
   const int64_t prefill_tokens = a.prefill_tokens >= 0 ? a.prefill_tokens : std::min<int64_t>(a.context, 8192);
+  if (a.batch >= so.engine.max_batch) so.batch_option = "--batch";
   so.engine.max_batch = std::max(so.engine.max_batch, a.batch);
+  so.length_option = "--context";
+  HLM_CHECK(std::max(a.context, prefill_tokens) <= kMaxSeqLen - a.steps,
+            "--context {} + --steps {} exceeds the {} tokens a sequence may hold", a.context, a.steps, kMaxSeqLen);
   so.max_step_tokens = std::max<int64_t>(chunk, a.batch);
   so.max_logit_rows = a.batch;
   Session s(so, std::max(a.context, prefill_tokens) + a.steps);
@@ -198,7 +167,15 @@ int run_bench(const BenchArgs& a) {
   const double comm = median(comm_times);  // 0 without a split, or when decode steps were graph replays
   const double bandwidth = measure_bandwidth(s.ops());
   const Mapping& m = s.model().mapping();
-  const StepBytes bytes = decode_step_bytes(cfg, m, s.ops(), s, a.context, a.batch, so.engine.tokens_per_block);
+  Ops& ops = s.ops();
+  const int64_t kv_elem = static_cast<int64_t>(dtype_size(ops.weight_dtype(DType::kBF16)));
+  const StepBytes bytes = decode_step_bytes(
+      cfg, m, a.context, a.batch, so.engine.tokens_per_block,
+      [&](const WeightSpec& spec) {
+        const DType stored = s.stored_dtype(spec);
+        return stored == DType::kU8 ? stored : ops.weight_dtype(stored);
+      },
+      kv_elem, kv_elem);
   const double floor = bytes.total() / bandwidth;
   const std::string model = so.random_weights ? so.config_path + " (random weights)" : so.model_dir;
   if (a.json) {

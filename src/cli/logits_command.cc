@@ -2,6 +2,10 @@
 // Positions before --prefill-len come from prefill (in chunks of --prefill-chunk), the rest are fed one
 // token at a time through the decode path, so one file checks both paths against a reference.
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <memory>
 
 #include "base/npy.h"
@@ -11,6 +15,17 @@
 namespace hlm {
 
 namespace {
+
+// The output is written after the whole computation; an unwritable path is refused before it. Opening
+// for append creates nothing that was not there (the probe file is removed) and truncates nothing.
+void check_writable(const std::string& path) {
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(path, ec);
+  std::FILE* f = std::fopen(path.c_str(), "ab");
+  HLM_CHECK(f != nullptr, "-o {}: cannot write there: {}", path, std::strerror(errno));
+  std::fclose(f);
+  if (!existed) std::filesystem::remove(path, ec);
+}
 
 struct LogitsArgs {
   SessionOptions session;
@@ -27,7 +42,11 @@ int run_logits(const LogitsArgs& a) {
   HLM_CHECK(prefill <= len, "--prefill-len {} exceeds the {} ids given", prefill, len);
   HLM_CHECK(a.prefill_chunk >= 0, "--prefill-chunk must be >= 0 (got {})", a.prefill_chunk);
   const int64_t chunk = a.prefill_chunk > 0 ? a.prefill_chunk : std::max<int64_t>(prefill, 1);
+  int world = 1, rank = 0;
+  mpi_world(&world, &rank);
+  if (rank == 0) check_writable(a.output);  // only rank 0 writes it
   SessionOptions so = a.session;
+  so.length_option = "--ids";
   so.max_step_tokens = chunk;
   so.max_logit_rows = chunk;
   Session s(so, len);

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "base/checked_math.h"
 #include "cli/commands.h"
 #include "cli/format.h"
 #include "model/memory_plan.h"
@@ -94,9 +95,15 @@ int run_plan(const PlanArgs& a) {
     const Mapping m = Mapping::make(req.tp, req.cp, r, req.moe_ep, req.moe_tp);
     const RankWeightBytes w = rank_weight_bytes(layout, m, dtype_of);
     const StateBytes st = state_bytes(cfg, m, kv_bytes, 2);
-    const int64_t kv = kv_bytes_at(st, placement, m.cp_rank(), a.context);
-    const int64_t per_seq = kv + st.kda_recurrent + st.kda_conv;
-    const int64_t total = w.total + a.batch * per_seq;
+    int64_t kv = 0;
+    try {
+      kv = kv_bytes_at(st, placement, m.cp_rank(), a.context);
+    } catch (const Error& e) {
+      HLM_FAIL("--context {}: {}", a.context, e.what());
+    }
+    const int64_t per_seq = checked_add(kv, st.kda_recurrent + st.kda_conv, "bytes per sequence");
+    const int64_t total =
+        checked_add(w.total, checked_mul(a.batch, per_seq, "--batch x bytes per sequence"), "rank total");
     worst_total = std::max(worst_total, total);
     // Ranks with identical figures are summarized by the first; print rank 0 in full.
     if (r > 0) continue;

@@ -1,7 +1,11 @@
 #include "cli/session.h"
 
 #include <charconv>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
 
+#include "base/host_memory.h"
 #include "base/log.h"
 #include "model/memory_plan.h"
 #include "model/weight_source.h"
@@ -20,7 +24,7 @@ void add_session_options(CLI::App& cmd, SessionOptions& o) {
       ->capture_default_str();
   cmd.add_option("--moe-ep", o.moe_ep, "MoE expert-parallel width (default: tp*cp)");
   cmd.add_option("--moe-tp", o.moe_tp, "MoE tensor-parallel width (default: 1)");
-  cmd.add_option("--threads", o.threads, "CPU threads per rank (default: cores / ranks)");
+  cmd.add_option("--threads", o.threads, "CPU threads per rank (0, the default: cores / ranks)");
   cmd.add_option("--tokens-per-block", o.engine.tokens_per_block, "MLA KV page size in tokens")
       ->capture_default_str();
   cmd.add_option("--max-batch", o.engine.max_batch, "Sequences held at once")->capture_default_str();
@@ -40,12 +44,11 @@ void add_session_options(CLI::App& cmd, SessionOptions& o) {
   cmd.add_option("--comm-timeout", o.comm_timeout,
                  "Seconds a rank waits for its peers in one collective before ending the job")
       ->capture_default_str();
-  cmd.add_option(
-         "--ll-all-reduce-max-bytes", o.ll_all_reduce_max_bytes,
-         "GPU all-reduces up to this size go over NVLink peer memory, larger ones through NCCL (0: NCCL)")
+  cmd.add_option("--ll-all-reduce-max-bytes", o.ll_all_reduce_max_bytes,
+                 "GPU all-reduces up to this size go over NVLink peer memory, larger ones through NCCL")
       ->capture_default_str();
   cmd.add_option("--ll-all-to-all-max-bytes", o.ll_all_to_all_max_bytes,
-                 "GPU all-to-alls sending up to this much to each peer go over NVLink peer memory (0: NCCL)")
+                 "GPU all-to-alls sending up to this much to each peer go over NVLink peer memory")
       ->capture_default_str();
   cmd.add_flag("!--no-warmup", o.warmup, "Skip the start-up warmup step");
 }
@@ -68,7 +71,71 @@ std::vector<int32_t> parse_ids(const std::string& text, const char* flag) {
   return ids;
 }
 
+void check_session_options(const SessionOptions& o) {
+  HLM_CHECK(o.comm_timeout > 0, "--comm-timeout must be positive (got {})", o.comm_timeout);
+  HLM_CHECK(
+      o.ll_all_reduce_max_bytes >= 0 && o.ll_all_to_all_max_bytes >= 0,
+      "--ll-all-reduce-max-bytes and --ll-all-to-all-max-bytes must be >= 0 (0: NCCL only), got {} and {}",
+      o.ll_all_reduce_max_bytes, o.ll_all_to_all_max_bytes);
+  HLM_CHECK(o.threads >= 0, "--threads must be >= 0 (0: cores / ranks), got {}", o.threads);
+  HLM_CHECK(o.engine.max_batch > 0, "--max-batch must be positive (got {})", o.engine.max_batch);
+  HLM_CHECK(o.max_seq_len >= 0 && o.max_seq_len <= kMaxSeqLen,
+            "--max-seq-len must be in [1, {}] (or 0: what the command needs), got {}", kMaxSeqLen,
+            o.max_seq_len);
+  HLM_CHECK(o.engine.tokens_per_block > 0 && o.engine.tokens_per_block <= kMaxTokensPerBlock,
+            "--tokens-per-block must be in [1, {}] (got {})", kMaxTokensPerBlock, o.engine.tokens_per_block);
+}
+
 namespace {
+
+// Ranks mpirun started on this host (OpenMPI, MPICH/Hydra); they share its memory.
+int ranks_on_this_host() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+    if (const char* v = std::getenv(var)) {
+      const int n = std::atoi(v);
+      if (n > 0) return n;
+    }
+  }
+  return 1;
+}
+
+// The option text of what sized the caches, and what to lower, for errors.
+std::string sized_by(const SessionOptions& o, const EngineOptions& eo) {
+  const std::string length = o.max_seq_len > 0 ? "--max-seq-len" : o.length_option;
+  return fmt::format("{} sequences ({}) of {} tokens ({})", eo.max_batch, o.batch_option, eo.max_seq_len, length);
+}
+std::string remedy(const SessionOptions& o) {
+  return fmt::format("lower {} or {}", o.max_seq_len > 0 ? "--max-seq-len" : o.length_option, o.batch_option);
+}
+
+// Refuses caches that the host cannot hold, before the weights are read: the caches come last, so
+// without this a too-large request loads everything and then dies in the OOM killer or bad_alloc. The
+// estimate is the caches alone against MemAvailable shared by the ranks of this host; weights and
+// activations need memory too, so passing the check is necessary, not sufficient. (A GPU's caches are
+// planned against its memory once the weights are on it: plan_device_caches.)
+void check_caches_fit_host(const ModelConfig& cfg, const Mapping& mapping, const SessionOptions& o,
+                           const EngineOptions& eo) {
+  const std::string length = o.max_seq_len > 0 ? "--max-seq-len" : o.length_option;
+  HLM_CHECK(eo.max_seq_len <= kMaxSeqLen, "{} asks for sequences of {} tokens; at most {} are supported",
+            length, eo.max_seq_len, kMaxSeqLen);
+  const int64_t seq_pages = Placement{eo.tokens_per_block, mapping.cp}.local_pages(eo.max_seq_len, 0);
+  HLM_CHECK(seq_pages <= kMaxPagesPerRank / eo.max_batch,
+            "the caches for {} need {} x {} MLA pages of {} tokens on this rank, more than the {} page ids "
+            "(int32) allow; {}",
+            sized_by(o, eo), eo.max_batch, seq_pages, eo.tokens_per_block, kMaxPagesPerRank, remedy(o));
+  CacheSize need;
+  try {
+    // The CPU backend holds the KV cache and the conv window as fp32.
+    need = cache_size(cfg, mapping, eo.tokens_per_block, eo.max_batch, eo.max_seq_len, 4, 4);
+  } catch (const Error& e) {
+    HLM_FAIL("the caches for {} cannot be sized ({}); {}", sized_by(o, eo), e.what(), remedy(o));
+  }
+  const int local = ranks_on_this_host();
+  const std::string memory =
+      local > 1 ? fmt::format("host memory (MemAvailable shared by {} ranks on this host)", local)
+                : std::string("host memory (MemAvailable)");
+  check_cache_fits(need, available_host_memory() / local, memory, sized_by(o, eo), remedy(o));
+}
 
 // The config of a --random-weights run: --config, optionally cut to its first --num-layers layers.
 ModelConfig random_weights_config(const SessionOptions& o) {
@@ -87,17 +154,14 @@ ModelConfig random_weights_config(const SessionOptions& o) {
 }  // namespace
 
 Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
-  HLM_CHECK(o.comm_timeout > 0, "--comm-timeout must be positive (got {})", o.comm_timeout);
-  HLM_CHECK(
-      o.ll_all_reduce_max_bytes >= 0 && o.ll_all_to_all_max_bytes >= 0,
-      "--ll-all-reduce-max-bytes and --ll-all-to-all-max-bytes must be >= 0 (0: NCCL only), got {} and {}",
-      o.ll_all_reduce_max_bytes, o.ll_all_to_all_max_bytes);
+  check_session_options(o);
   int world = 1, rank = 0;
   mpi_world(&world, &rank);
+  const int64_t ranks = int64_t{o.tp} * o.cp;  // int64: --tp 65536 --cp 65536 must not wrap
   HLM_CHECK(
-      world == o.tp * o.cp,
+      world == ranks,
       "the launch has {} rank(s) but --tp {} x --cp {} = {}: start with `mpirun -np {}` or change --tp/--cp",
-      world, o.tp, o.cp, o.tp * o.cp, o.tp * o.cp);
+      world, o.tp, o.cp, ranks, ranks);
   if (o.random_weights) {
     config_ = random_weights_config(o);
   } else {
@@ -107,12 +171,21 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
   // Every layout rule is checked before a single weight is read.
   check_layout(config_, LayoutRequest{o.tp, o.cp, o.moe_ep, o.moe_tp, o.engine.tokens_per_block});
   Mapping mapping = Mapping::make(o.tp, o.cp, rank, o.moe_ep, o.moe_tp);
+  const Device device = resolve_device(o.device);
+  EngineOptions eo = o.engine;
+  eo.max_seq_len = o.max_seq_len > 0 ? o.max_seq_len : (max_seq_len_hint > 0 ? max_seq_len_hint : 4096);
+  if (o.warmup && o.max_seq_len == 0) {
+    // Size the cache so the warmup sequence fits; an explicit --max-seq-len is kept, and warmup()
+    // refuses to start if it is too small.
+    eo.max_seq_len = std::max(eo.max_seq_len, o.cp * eo.tokens_per_block + 2);
+  }
+  eo.cuda_graphs = o.cuda_graphs && device == Device::kCuda;
+  if (device == Device::kCpu) check_caches_fit_host(config_, mapping, o, eo);
   host_comm_ = world > 1 ? make_mpi_comm(mapping) : make_single_comm();
 
-  const Device device = resolve_device(o.device);
   BackendOptions bo;
   bo.cpu_threads = o.threads;
-  bo.ranks_on_host = world;
+  bo.ranks_on_host = ranks_on_this_host();
   std::string why;
   if (device == Device::kCuda) bo.cuda_device = local_rank(rank) % std::max(1, cuda_device_count(&why));
   ops_ = make_ops(device, bo);
@@ -122,17 +195,8 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
   gco.ll_all_to_all_max_bytes = o.ll_all_to_all_max_bytes;
   gco.ll_slot_bytes = std::max({gco.ll_slot_bytes, o.ll_all_reduce_max_bytes, o.ll_all_to_all_max_bytes});
   device_comm_ = make_device_comm(*host_comm_, mapping, *ops_, gco);
-  comm().set_timeout(o.comm_timeout);
 
-  EngineOptions eo = o.engine;
-  eo.max_seq_len = o.max_seq_len > 0 ? o.max_seq_len : (max_seq_len_hint > 0 ? max_seq_len_hint : 4096);
-  if (o.warmup && o.max_seq_len == 0) {
-    // Size the cache so the warmup sequence fits; an explicit --max-seq-len is kept, and warmup()
-    // refuses to start if it is too small.
-    eo.max_seq_len = std::max(eo.max_seq_len, o.cp * eo.tokens_per_block + 2);
-  }
-  eo.cuda_graphs = o.cuda_graphs && device == Device::kCuda;
-
+  const auto load_start = std::chrono::steady_clock::now();
   std::unique_ptr<WeightSource> weights;
   if (o.random_weights) {
     weights = std::make_unique<RandomWeights>(config_, mapping, *ops_, /*seed=*/1234);
@@ -154,15 +218,22 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
   }
   model_ = std::make_unique<Model>(config_, mapping, *ops_, comm(), *weights);
   weights.reset();
+  // Ranks finish loading at different times and the first collective waits for the slowest. It may wait
+  // as long again as this rank's own load took, on top of --comm-timeout: peers read shards of the same
+  // size from the same kind of storage, while a stalled one never arrives.
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  comm().set_timeout(o.comm_timeout + load_s);
+  comm().barrier();
+  comm().set_timeout(o.comm_timeout);
 
   if (device == Device::kCuda) {
     const int64_t step_tokens = std::max<int64_t>(o.max_step_tokens > 0 ? o.max_step_tokens : eo.max_seq_len,
                                                   o.cp * eo.tokens_per_block + 1);
     const int64_t logit_rows = o.max_logit_rows > 0 ? o.max_logit_rows : step_tokens;
-    const DeviceCachePlan plan = plan_device_caches(config_, mapping, model_->weight_bytes_loaded(),
-                                                    ops_->memory_info(), o.gpu_memory_fraction,
-                                                    eo.tokens_per_block, eo.max_batch, eo.max_seq_len,
-                                                    step_tokens, logit_rows);
+    const DeviceCachePlan plan =
+        plan_device_caches(config_, mapping, model_->weight_bytes_loaded(), ops_->memory_info(),
+                           o.gpu_memory_fraction, eo.tokens_per_block, eo.max_batch, eo.max_seq_len, step_tokens,
+                           logit_rows, sized_by(o, eo), remedy(o));
     log_device_cache_plan(plan);
     ops_->reserve_workspace(plan.workspace_bytes);
     eo.num_pages = plan.pages;

@@ -31,13 +31,18 @@ struct SessionOptions {
   DeviceChoice device = DeviceChoice::kAuto;
   double gpu_memory_fraction = 0.90;
   bool cuda_graphs = true;
-  // Seconds a rank waits for its peers in one collective before every rank ends (GPU collectives over
-  // peer memory check it on the device).
+  // Seconds a rank waits in one collective before it ends the job naming the ranks that did not answer.
+  // No legitimate wait comes near it: a collective waits only for the peers' work since the previous
+  // one (a layer of a step; between steps, rank 0's scheduling); weight loading gets its own allowance.
   double comm_timeout = 600;
   // GPU collectives over NVLink peer memory up to these sizes, NCCL above (0: NCCL only).
   int64_t ll_all_reduce_max_bytes = 64 << 10;
   int64_t ll_all_to_all_max_bytes = 1 << 20;
   EngineOptions engine;
+  // The options that sized the caches, for the error when they do not fit: the command's own option when
+  // it set the batch or the sequence length (bench: --batch, --context), else --max-batch / --max-seq-len.
+  std::string batch_option = "--max-batch";
+  std::string length_option = "--max-seq-len";
   // The most tokens one engine step runs (sizes a device backend's scratch arena); 0: max_seq_len.
   int64_t max_step_tokens = 0;
   int64_t max_logit_rows = 0;  // the most logit rows one step returns; 0: max_step_tokens
@@ -53,10 +58,15 @@ struct SessionOptions {
 // --ll-all-to-all-max-bytes, --no-warmup.
 void add_session_options(CLI::App& cmd, SessionOptions& o);
 
+// Range checks of the options as the user gave them (before a command adjusts them), naming the option.
+void check_session_options(const SessionOptions& o);
+
 class Session {
  public:
   // Loads the model for this rank. `max_seq_len_hint` sizes the page pool when --max-seq-len is not
-  // given (the CLI knows exactly how long its sequences get).
+  // given (the CLI knows exactly how long its sequences get). The caches are sized against the host
+  // memory available to this rank before any weight is read: a request that cannot fit is an error
+  // naming the options that sized it.
   Session(const SessionOptions& options, int64_t max_seq_len_hint);
   ~Session();
 

@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/json_parse.h"
 
 namespace hlm {
 namespace {
@@ -548,6 +549,14 @@ void read_token_ids(const Fields& f, ModelConfig& cfg) {
     cfg.eos_token_ids.push_back(token_id(f, *eos.value, eos.name));
   }
   cfg.max_position_embeddings = opt_positive(f, "model_max_length").value_or(0);
+  // An id the lm_head cannot produce would never stop generation (eos) or index past the embedding (bos).
+  HLM_CHECK(cfg.bos_token_id < cfg.vocab_size, "{}: `{}` = {} is outside the vocabulary [0, {})", f.source(),
+            bos.name, cfg.bos_token_id, cfg.vocab_size);
+  for (size_t i = 0; i < cfg.eos_token_ids.size(); ++i) {
+    HLM_CHECK(cfg.eos_token_ids[i] < cfg.vocab_size, "{}: `{}` = {} is outside the vocabulary [0, {})",
+              f.source(), eos.value->is_array() ? fmt::format("{}[{}]", eos.name, i) : eos.name,
+              cfg.eos_token_ids[i], cfg.vocab_size);
+  }
 }
 
 }  // namespace
@@ -627,16 +636,7 @@ ModelConfig load_model_config(const std::string& path) {
   HLM_CHECK(in.is_open(), "{}: cannot open the model config for reading", path);
   std::ostringstream text;
   text << in.rdbuf();
-  json doc;
-  try {
-    doc = json::parse(text.str());
-  } catch (const json::parse_error& e) {
-    // what() reads "[json.exception.parse_error.101] parse error at line 3, column 5: ..."; keep the part
-    // after the exception id, which carries the position.
-    std::string_view what = e.what();
-    if (size_t id_end = what.find("] "); id_end != std::string_view::npos) what.remove_prefix(id_end + 2);
-    HLM_FAIL("{}: invalid JSON (byte {}): {}", path, e.byte, what);
-  }
+  const json doc = parse_json(text.str(), path);
   return parse_model_config(doc, path);
 }
 

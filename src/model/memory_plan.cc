@@ -3,6 +3,11 @@
 #include <algorithm>
 #include <set>
 
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "base/checked_math.h"
 #include "base/log.h"
 
 namespace hlm {
@@ -42,7 +47,70 @@ StateBytes state_bytes(const ModelConfig& cfg, const Mapping& mapping, int64_t k
 }
 
 int64_t kv_bytes_at(const StateBytes& s, const Placement& placement, int r, int64_t global_len) {
-  return placement.local_pages(global_len, r) * placement.tokens_per_block * s.kv_per_token;
+  const int64_t tokens = checked_mul(placement.local_pages(global_len, r), placement.tokens_per_block,
+                                     "MLA KV tokens of one sequence");
+  return checked_mul(tokens, s.kv_per_token, "MLA KV bytes of one sequence");
+}
+
+int64_t pages_per_rank(const Placement& placement, int64_t max_batch, int64_t max_seq_len) {
+  const int64_t pages = checked_mul(max_batch, placement.local_pages(max_seq_len, 0), "MLA pages per rank");
+  HLM_CHECK(
+      pages <= kMaxPagesPerRank,
+      "{} sequences of {} tokens need {} MLA pages of {} tokens on a rank; page ids are int32, so at most "
+      "{} fit: lower the batch, the sequence length, or raise --tokens-per-block",
+      max_batch, max_seq_len, pages, placement.tokens_per_block, kMaxPagesPerRank);
+  return pages;
+}
+
+CacheSize cache_size(const ModelConfig& cfg, const Mapping& mapping, int64_t tokens_per_block,
+                     int64_t max_batch, int64_t max_seq_len, int64_t kv_bytes, int64_t conv_bytes) {
+  const StateBytes s = state_bytes(cfg, mapping, kv_bytes, conv_bytes);
+  CacheSize c;
+  c.pages = pages_per_rank(Placement{tokens_per_block, mapping.cp}, max_batch, max_seq_len);
+  c.kv_pool_bytes = checked_mul(checked_mul(c.pages, tokens_per_block, "MLA page pool tokens"),
+                                s.kv_per_token, "MLA page pool bytes");
+  c.kda_state_bytes = checked_mul(max_batch, s.kda_recurrent + s.kda_conv, "KDA state bytes");
+  checked_add(c.kv_pool_bytes, c.kda_state_bytes, "cache bytes");
+  return c;
+}
+
+namespace {
+
+std::string gib(int64_t bytes) { return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / (1 << 30)); }
+
+}  // namespace
+
+void check_cache_fits(const CacheSize& need, int64_t available, const std::string& memory,
+                      const std::string& sized_by, const std::string& remedy) {
+  if (need.total() <= available) return;
+  HLM_FAIL(
+      "the caches for {} need {} on this rank (MLA page pool {}: {} pages; KDA state {}), but {} has {} "
+      "available; {}",
+      sized_by, gib(need.total()), gib(need.kv_pool_bytes), need.pages, gib(need.kda_state_bytes), memory,
+      gib(available), remedy);
+}
+
+StepBytes decode_step_bytes(const ModelConfig& cfg, const Mapping& m, int64_t context, int64_t batch,
+                            int64_t tokens_per_block, const StoredDType& held, int64_t kv_bytes,
+                            int64_t conv_bytes) {
+  const RankWeightBytes w = rank_weight_bytes(weight_layout(cfg), m, held);
+  const auto cat = [&](WeightCategory c) { return static_cast<double>(w.by_category[static_cast<size_t>(c)]); };
+  StepBytes b;
+  b.weights = static_cast<double>(w.total) - cat(WeightCategory::kRoutedExperts) - cat(WeightCategory::kEmbedding);
+  b.weights += static_cast<double>(batch) * cat(WeightCategory::kEmbedding) / static_cast<double>(cfg.vocab_size);
+  const double local = static_cast<double>(m.experts(cfg.num_experts).size());
+  if (cfg.num_moe_layers() > 0 && local > 0) {
+    const double per_expert = cat(WeightCategory::kRoutedExperts) / (cfg.num_moe_layers() * local);
+    const double p = static_cast<double>(cfg.experts_per_token) / static_cast<double>(cfg.num_experts);
+    const double touched = local * (1.0 - std::pow(1.0 - p, static_cast<double>(batch)));
+    b.weights += cfg.num_moe_layers() * touched * per_expert;
+  }
+  const StateBytes s = state_bytes(cfg, m, kv_bytes, conv_bytes);
+  const Placement placement{tokens_per_block, m.cp};
+  b.kv = static_cast<double>(batch) * static_cast<double>(placement.local_len(context, m.cp_rank())) *
+         static_cast<double>(s.kv_per_token);
+  b.state = 2.0 * static_cast<double>(batch) * static_cast<double>(s.kda_recurrent + s.kda_conv);
+  return b;
 }
 
 int64_t step_scratch_bytes(const ModelConfig& cfg, const Mapping& mapping, int64_t tokens, int64_t logit_rows) {
@@ -66,9 +134,9 @@ int64_t step_scratch_bytes(const ModelConfig& cfg, const Mapping& mapping, int64
 }
 
 DeviceCachePlan plan_device_caches(const ModelConfig& cfg, const Mapping& mapping, int64_t weight_bytes,
-                                   const MemoryInfo& mem, double fraction,
-                                   int64_t tokens_per_block, int32_t max_batch, int64_t max_seq_len,
-                                   int64_t step_tokens, int64_t logit_rows) {
+                                   const MemoryInfo& mem, double fraction, int64_t tokens_per_block,
+                                   int32_t max_batch, int64_t max_seq_len, int64_t step_tokens,
+                                   int64_t logit_rows, const std::string& sized_by, const std::string& remedy) {
   DeviceCachePlan p;
   p.weights = weight_bytes;
   p.budget = static_cast<int64_t>(fraction * static_cast<double>(mem.total)) - (mem.total - mem.free);
@@ -84,13 +152,12 @@ DeviceCachePlan plan_device_caches(const ModelConfig& cfg, const Mapping& mappin
   const int64_t left = p.budget - p.workspace_bytes - static_cast<int64_t>(max_batch) * state_bytes_per_slot;
   p.pages = p.page_bytes > 0 ? std::max<int64_t>(left, 0) / p.page_bytes : needed_pages;
   HLM_CHECK(left >= 0 && p.pages >= needed_pages,
-            "GPU memory: --max-batch {} sequences of --max-seq-len {} tokens need {} of MLA pages and {} of "
-            "KDA state, but after the weights ({}) and the step scratch ({}) only {} remain under "
-            "--gpu-memory-fraction {}; lower --max-batch or --max-seq-len, or use more GPUs (--cp)",
-            max_batch, max_seq_len, human_bytes(needed_pages * p.page_bytes),
+            "GPU memory: the caches for {} need {} of MLA pages and {} of KDA state, but after the weights ({}) "
+            "and the step scratch ({}) only {} remain under --gpu-memory-fraction {}; {}, or use more GPUs (--cp)",
+            sized_by, human_bytes(needed_pages * p.page_bytes),
             human_bytes(static_cast<int64_t>(max_batch) * state_bytes_per_slot), human_bytes(weight_bytes),
-            human_bytes(p.workspace_bytes),
-            human_bytes(std::max<int64_t>(p.budget - p.workspace_bytes, 0)), fraction);
+            human_bytes(p.workspace_bytes), human_bytes(std::max<int64_t>(p.budget - p.workspace_bytes, 0)),
+            fraction, remedy);
   if (p.page_bytes == 0) p.pages = std::max<int64_t>(needed_pages, 1);
   return p;
 }

@@ -1,10 +1,13 @@
 #include "model/weight_source.h"
 
+#include <algorithm>
 #include <cmath>
+#include <set>
 #include <string_view>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include "base/error.h"
 
@@ -24,6 +27,24 @@ uint64_t name_hash(std::string_view s) {
     h *= 1099511628211ull;
   }
   return h;
+}
+
+// One warning listing the checkpoint tensors the model does not read: usually a checkpoint of another
+// variant (a layer or feature this config does not have), which would otherwise run with those weights
+// silently ignored. K3's vision tower and projector are skipped by design (docs/k3.md) and not listed.
+void warn_unused(const Checkpoint& ckpt, const ModelConfig& cfg, const std::set<std::string>& used) {
+  constexpr size_t kListed = 20;
+  std::vector<std::string> unused;
+  for (const std::string& name : ckpt.names()) {
+    const bool skipped = cfg.model_type == "kimi_k3" &&
+                         (name.starts_with("vision_tower.") || name.starts_with("mm_projector."));
+    if (!skipped && used.count(name) == 0) unused.push_back(name);
+  }
+  if (unused.empty()) return;
+  const size_t shown = std::min(unused.size(), kListed);
+  spdlog::warn("checkpoint {}: {} tensor(s) not used by the model ({}): {}{}", ckpt.dir(), unused.size(),
+               cfg.source, fmt::join(unused.begin(), unused.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+               unused.size() > shown ? fmt::format(", ... ({} more)", unused.size() - shown) : "");
 }
 
 }  // namespace
@@ -90,12 +111,15 @@ int64_t WeightSource::bytes_to_load() const {
 
 WeightReader::WeightReader(const Checkpoint& ckpt, const ModelConfig& cfg, const Mapping& mapping, Ops* ops)
     : WeightSource(cfg, mapping, ops), ckpt_(ckpt) {
+  std::set<std::string> used;
   for (const auto& [key, s] : specs_) {
     const std::string& name = stored_name(s);
+    used.insert(name);
     const TensorInfo& info = ckpt_.info(name);
     HLM_CHECK(info.shape == s.shape, "tensor '{}' in {}: expected shape {} for this config ({}), found {}",
               name, ckpt_.file_of(name), shape_str(s.shape), cfg.source, shape_str(info.shape));
   }
+  if (mapping.rank == 0) warn_unused(ckpt_, cfg, used);  // once, not once per rank
 }
 
 const std::string& WeightReader::stored_name(const WeightSpec& spec) const {

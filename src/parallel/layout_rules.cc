@@ -3,7 +3,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <limits>
+
 #include "base/error.h"
+#include "parallel/placement.h"
 
 namespace hlm {
 
@@ -25,10 +28,18 @@ std::vector<std::string> layout_violations(const ModelConfig& cfg, const LayoutR
     out.push_back(fmt::format("--tp and --cp must be at least 1 (got tp={}, cp={})", req.tp, req.cp));
     return out;
   }
-  if (req.tokens_per_block <= 0) {
-    out.push_back(fmt::format("--tokens-per-block must be positive (got {})", req.tokens_per_block));
+  if (req.tokens_per_block <= 0 || req.tokens_per_block > kMaxTokensPerBlock) {
+    out.push_back(fmt::format("--tokens-per-block must be in [1, {}] (got {})", kMaxTokensPerBlock,
+                              req.tokens_per_block));
   }
-  const int n = req.tp * req.cp;
+  // MPI numbers ranks with an int; a product beyond that is no launch at all (and would wrap below).
+  const int64_t world = int64_t{req.tp} * req.cp;
+  if (world > std::numeric_limits<int>::max()) {
+    out.push_back(fmt::format("--tp {} x --cp {} = {} ranks is more than an MPI launch can have", req.tp,
+                              req.cp, world));
+    return out;
+  }
+  const int n = static_cast<int>(world);
   if (cfg.num_kda_layers() > 0) {
     require_divides(out, cfg.kda_heads, n, "the KDA head count", "tp*cp");
   }
@@ -53,7 +64,7 @@ std::vector<std::string> layout_violations(const ModelConfig& cfg, const LayoutR
       }
       (ep == 0 ? ep : mtp) = n / given;
     }
-    if (ep < 1 || mtp < 1 || ep * mtp != n) {
+    if (ep < 1 || mtp < 1 || int64_t{ep} * mtp != n) {
       out.push_back(fmt::format(
           "--moe-ep ({}) x --moe-tp ({}) must equal tp*cp ({}): the MoE runs on all ranks", ep, mtp, n));
     } else {

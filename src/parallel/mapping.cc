@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <limits>
+
 #include "base/error.h"
 
 namespace hlm {
@@ -15,6 +17,8 @@ Range even_shard(int64_t total, int parts, int index) {
 
 Mapping Mapping::make(int tp, int cp, int rank, int moe_ep, int moe_tp) {
   HLM_CHECK(tp >= 1 && cp >= 1, "--tp and --cp must be at least 1 (got tp={}, cp={})", tp, cp);
+  HLM_CHECK(int64_t{tp} * cp <= std::numeric_limits<int>::max(), "--tp {} x --cp {} overflows the rank count",
+            tp, cp);
   HLM_CHECK(rank >= 0 && rank < tp * cp, "rank {} outside the group of tp*cp = {} ranks", rank, tp * cp);
   Mapping m;
   m.tp = tp;

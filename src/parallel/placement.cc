@@ -30,7 +30,8 @@ std::vector<int64_t> Placement::local_lens(int64_t global_len) const {
 }
 
 int64_t Placement::local_pages(int64_t global_len, int r) const {
-  return (local_len(global_len, r) + tokens_per_block - 1) / tokens_per_block;
+  const int64_t len = local_len(global_len, r);
+  return len / tokens_per_block + (len % tokens_per_block != 0 ? 1 : 0);  // no len + P - 1 to overflow
 }
 
 }  // namespace hlm

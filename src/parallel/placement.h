@@ -5,9 +5,18 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace hlm {
+
+// Bounds on what a Placement is asked to hold. The attention metadata carries page ids and per-query key
+// counts as int32, so a sequence and a rank's page pool stay within int32; a page larger than 65,536
+// tokens has no use (pages are the unit of CP striping; 64 is the default) and bounding it keeps every
+// product of pages, page size and cache width far from int64 overflow.
+constexpr int64_t kMaxTokensPerBlock = int64_t{1} << 16;
+constexpr int64_t kMaxSeqLen = std::numeric_limits<int32_t>::max();
+constexpr int64_t kMaxPagesPerRank = std::numeric_limits<int32_t>::max();
 
 struct Placement {
   int64_t tokens_per_block = 64;  // P

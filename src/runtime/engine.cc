@@ -4,16 +4,14 @@
 
 namespace hlm {
 
-int64_t pages_per_rank(const Placement& placement, int32_t max_batch, int64_t max_seq_len) {
-  return static_cast<int64_t>(max_batch) * placement.local_pages(max_seq_len, 0);
-}
-
 namespace {
 
 Placement make_placement(const Mapping& m, const EngineOptions& o) {
-  HLM_CHECK(o.tokens_per_block > 0, "--tokens-per-block must be positive (got {})", o.tokens_per_block);
+  HLM_CHECK(o.tokens_per_block > 0 && o.tokens_per_block <= kMaxTokensPerBlock,
+            "--tokens-per-block must be in [1, {}] (got {})", kMaxTokensPerBlock, o.tokens_per_block);
   HLM_CHECK(o.max_batch > 0, "--max-batch must be positive (got {})", o.max_batch);
-  HLM_CHECK(o.max_seq_len > 0, "--max-seq-len must be positive (got {})", o.max_seq_len);
+  HLM_CHECK(o.max_seq_len > 0 && o.max_seq_len <= kMaxSeqLen, "--max-seq-len must be in [1, {}] (got {})",
+            kMaxSeqLen, o.max_seq_len);
   HLM_CHECK(o.num_pages >= 0, "the KV page count must be >= 0 (got {})", o.num_pages);
   return Placement{o.tokens_per_block, m.cp};
 }

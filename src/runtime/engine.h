@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cache/kv_manager.h"
+#include "model/memory_plan.h"
 #include "model/model.h"
 #include "runtime/decode_graphs.h"
 #include "runtime/step_plan.h"
@@ -64,9 +65,5 @@ class Engine {
   std::unique_ptr<DecodeGraphs> graphs_;
   bool warmed_up_ = false;
 };
-
-// MLA pages one rank needs to hold `max_batch` sequences of `max_seq_len` tokens (CP rank 0 holds the
-// most: lower ranks never hold fewer tokens).
-int64_t pages_per_rank(const Placement& placement, int32_t max_batch, int64_t max_seq_len);
 
 }  // namespace hlm

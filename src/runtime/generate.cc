@@ -6,8 +6,8 @@
 
 namespace hlm {
 
-std::vector<std::vector<int32_t>> generate(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                                           const GenerateOptions& o) {
+std::vector<Generation> generate(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                                 const GenerateOptions& o) {
   validate(o.sampling);
   HLM_CHECK(o.step_tokens > 0, "--prefill-chunk must be positive (got {})", o.step_tokens);
   HLM_CHECK(o.max_new_tokens >= 0, "-n must be >= 0 (got {})", o.max_new_tokens);
@@ -21,13 +21,35 @@ std::vector<std::vector<int32_t>> generate(Engine& engine, const std::vector<std
     r.sampling = o.sampling;
     r.sampler_stream = i;
     r.stop_at_eos = o.stop_at_eos;
-    scheduler.add(static_cast<int64_t>(i), std::move(r));
+    try {
+      scheduler.add(static_cast<int64_t>(i), std::move(r));
+    } catch (const Error& e) {
+      HLM_FAIL("prompt {}: {}", i, e.what());
+    }
   }
-  std::vector<std::vector<int32_t>> out(prompts.size());
+  std::vector<Generation> out(prompts.size());
+  std::vector<char> done(prompts.size(), 0);
   while (scheduler.has_work()) {
+    if (o.stop_requested && o.stop_requested()) {
+      // Interrupted: every prompt keeps what it has; the unfinished ones give their slots and pages back.
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        if (!done[i]) scheduler.cancel(static_cast<int64_t>(i));
+      }
+      scheduler.step();
+      break;
+    }
     for (const SeqOutput& s : scheduler.step()) {
-      HLM_CHECK(s.finish != FinishReason::kError, "prompt {}: {}", s.id, s.error);
-      if (s.token) out[s.id].push_back(s.token->id);
+      Generation& g = out[s.id];
+      if (s.finish == FinishReason::kError) {
+        g.error = s.error;
+      } else if (s.token) {
+        g.ids.push_back(s.token->id);
+        if (o.on_token) o.on_token(static_cast<size_t>(s.id), s.token->id);
+      }
+      if (s.finish != FinishReason::kNone) {
+        done[s.id] = 1;
+        if (o.on_done) o.on_done(static_cast<size_t>(s.id));
+      }
     }
   }
   return out;

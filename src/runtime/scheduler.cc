@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "base/error.h"
+#include "runtime/logits_guard.h"
 
 namespace hlm {
 
@@ -85,13 +86,13 @@ void Scheduler::admit() {
   }
 }
 
-SeqOutput Scheduler::emit(Seq& s, SampledToken token) {
+SeqOutput Scheduler::emit(Seq& s, SampledToken token, const std::string& bad_logits) {
   SeqOutput out;
   out.id = s.id;
   if (token.id < 0) {
     out.finish = FinishReason::kError;
-    out.error = fmt::format("the model produced non-finite logits at generated token {} of this sequence",
-                            s.generated);
+    out.error = fmt::format("step {} of its generation gave non-finite logits{}{}", s.generated + 1,
+                            bad_logits.empty() ? "" : ": ", bad_logits);
     return out;
   }
   const int32_t id = token.id;
@@ -116,7 +117,7 @@ std::vector<SeqOutput> Scheduler::step() {
   // A request for no tokens ends without touching the engine.
   for (auto it = waiting_.begin(); it != waiting_.end();) {
     if (it->request.max_new_tokens == 0) {
-      outputs.push_back(SeqOutput{it->id, std::nullopt, false, FinishReason::kLength});
+      outputs.push_back(SeqOutput{it->id, std::nullopt, false, FinishReason::kLength, {}});
       it = waiting_.erase(it);
     } else {
       ++it;
@@ -146,20 +147,26 @@ std::vector<SeqOutput> Scheduler::step() {
   }
   if (plan.entries.empty()) return outputs;
 
-  // Tokens are sampled on the backend (only ids come back), unless a member asked for log-probabilities:
-  // then the step returns host logits and the same draws are made on the host (ops/cpu/sampling.cc).
-  // A mid-prompt chunk gets no draw, so its sequence's random counter does not advance.
+  // A device backend samples on the device (only ids come back), unless a member asked for
+  // log-probabilities: then, as on the CPU, the step returns host logits and the same draws are made on the
+  // host (ops/cpu/sampling.cc), with the guard's account of non-finite rows. A mid-prompt chunk gets no
+  // draw, so its sequence's random counter does not advance.
   auto wants_token = [](const Seq& s) { return s.prefilled >= static_cast<int64_t>(s.request.prompt.size()); };
-  const bool host = std::any_of(members.begin(), members.end(),
-                                [&](const Seq* s) { return wants_token(*s) && s->request.top_logprobs >= 0; });
+  const bool host = engine_.model().ops().device() == Device::kCpu ||
+                    std::any_of(members.begin(), members.end(), [&](const Seq* s) {
+                      return wants_token(*s) && s->request.top_logprobs >= 0;
+                    });
   std::vector<SampledToken> tokens(members.size());
+  std::vector<std::string> bad(members.size());
   if (host) {
     const std::vector<Tensor> logits = engine_.step(plan);
     for (size_t i = 0; i < members.size(); ++i) {
       Seq& s = *members[i];
       if (!wants_token(s)) continue;
-      const int32_t id = s.sampler.sample(logits[i][0]);
-      tokens[i] = s.request.top_logprobs >= 0 && id >= 0 ? token_logprobs(logits[i][0], id, s.request.top_logprobs)
+      const Tensor row = logits[i][0];
+      bad[i] = non_finite_logits(row);
+      const int32_t id = s.sampler.sample(row);
+      tokens[i] = s.request.top_logprobs >= 0 && id >= 0 ? token_logprobs(row, id, s.request.top_logprobs)
                                                          : SampledToken{id, 0.0f, {}};
     }
   } else {
@@ -172,7 +179,7 @@ std::vector<SeqOutput> Scheduler::step() {
   for (size_t i = 0; i < members.size(); ++i) {
     Seq& s = *members[i];
     if (!wants_token(s)) continue;  // mid-prompt chunk
-    SeqOutput out = emit(s, std::move(tokens[i]));
+    SeqOutput out = emit(s, std::move(tokens[i]), bad[i]);
     if (out.finish != FinishReason::kNone) finished.push_back(s.id);
     outputs.push_back(std::move(out));
   }

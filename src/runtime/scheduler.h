@@ -81,8 +81,9 @@ class Scheduler {
 
   void release_ended();
   void admit();
-  // The sequence's output for the token `token` (or a failure when its id is -1: non-finite logits).
-  SeqOutput emit(Seq& s, SampledToken token);
+  // The sequence's output for the token `token`, or a failure when its id is -1 (non-finite logits;
+  // `bad_logits` says what was wrong where the host saw them).
+  SeqOutput emit(Seq& s, SampledToken token, const std::string& bad_logits);
 
   Engine& engine_;
   SchedulerOptions options_;

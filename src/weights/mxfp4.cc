@@ -29,15 +29,26 @@ Tensor dequantize_mxfp4(const Tensor& packed, const Tensor& scale, const std::st
   const uint8_t* p = packed.data<uint8_t>();
   const uint8_t* s = scale.data<uint8_t>();
   float* y = out.data<float>();
-#pragma omp parallel for
+  // A scale of 0xFF (NaN in UE8M0) or one that overflows fp32 gives non-finite weights; they are caught
+  // here, as the values are written, instead of in a second pass.
+  bool bad = false;
+#pragma omp parallel for reduction(|| : bad)
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; c += 2) {
-      const float factor = std::ldexp(1.0f, static_cast<int>(s[r * (cols / kGroup) + c / kGroup]) - 127);
+      const uint8_t code = s[r * (cols / kGroup) + c / kGroup];
+      const float factor = std::ldexp(1.0f, static_cast<int>(code) - 127);
       const uint8_t byte = p[r * (cols / 2) + c / 2];
-      y[r * cols + c] = decode(byte & 0xf) * factor;
-      y[r * cols + c + 1] = decode(byte >> 4) * factor;
+      const float lo = decode(byte & 0xf) * factor, hi = decode(byte >> 4) * factor;
+      bad = bad || code == 0xff || !std::isfinite(lo) || !std::isfinite(hi);
+      y[r * cols + c] = lo;
+      y[r * cols + c + 1] = hi;
     }
   }
+  HLM_CHECK(
+      !bad,
+      "MXFP4 weight '{}': weight_scale holds 0xFF (NaN in UE8M0) or a scale whose values overflow fp32; "
+      "the checkpoint is corrupt",
+      name);
   return out;
 }
 

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/json_parse.h"
 
 namespace hlm {
 namespace {
@@ -139,12 +140,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     data_offset_ = 8 + header_len;
     uint64_t data_size = file_size - data_offset_;
 
-    json header;
-    try {
-      header = json::parse(bytes + 8, bytes + 8 + header_len);
-    } catch (const json::exception& e) {
-      HLM_FAIL("{}: header is not valid JSON: {}", path, e.what());
-    }
+    const json header =
+        parse_json(std::string_view(reinterpret_cast<const char*>(bytes) + 8, header_len), path + ": header");
     HLM_CHECK(header.is_object(), "{}: header is not a JSON object", path);
 
     for (const auto& [name, entry] : header.items()) {

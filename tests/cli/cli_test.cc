@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -50,6 +53,48 @@ std::string mpirun(int n) { return fmt::format("mpirun -np {} --oversubscribe --
 nlohmann::json golden(const std::string& dir) { return nlohmann::json::parse(slurp(dir + "/golden.json")); }
 
 std::string ids_csv(const std::vector<int32_t>& ids) { return fmt::format("{}", fmt::join(ids, ",")); }
+
+// A command line and a part of the error it must print.
+struct ErrorCase {
+  std::string args;
+  std::string message;
+};
+
+// A copy of the tiny model under the scratch directory whose model.safetensors `edit` may change: the
+// header as JSON and the data section as bytes (offsets stay the editor's business).
+std::string edited_model(const std::string& name,
+                         const std::function<void(nlohmann::json&, std::vector<char>&)>& edit) {
+  const std::string dir = kScratch + "/" + name;
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(kTiny + "/config.json", dir + "/config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  const std::string bytes = slurp(kTiny + "/model.safetensors");
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n));
+  std::vector<char> data(bytes.begin() + 8 + static_cast<int64_t>(n), bytes.end());
+  edit(header, data);
+  const std::string text = header.dump();
+  const uint64_t len = text.size();
+  std::ofstream out(dir + "/model.safetensors", std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(&len), 8);
+  out << text;
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+  return dir;
+}
+
+// Sets every bf16 value of `tensor` to the bit pattern `bits`.
+void fill_bf16(nlohmann::json& header, std::vector<char>& data, const std::string& tensor, uint16_t bits) {
+  const auto offsets = header[tensor]["data_offsets"].get<std::vector<size_t>>();
+  for (size_t i = offsets[0]; i < offsets[1]; i += 2) std::memcpy(data.data() + i, &bits, 2);
+}
+
+// Runs `script` with bash (for runs that need job control: signals, stopped ranks).
+Result run_script(const std::string& script, int timeout_s) {
+  const std::string path = kScratch + "/script.sh";
+  std::ofstream(path) << script;
+  return run("bash " + path, timeout_s);
+}
 
 TEST(Cli, GenerateMatchesReferenceGreedyIds) {
   const auto p = golden(kTiny)["prompts"][1];
@@ -104,11 +149,7 @@ TEST(Cli, LogitsWritesEveryPositionThroughPrefillAndDecode) {
 }
 
 TEST(Cli, ErrorsNameTheProblemAndExitNonZero) {
-  struct Case {
-    std::string args;
-    std::string message;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<ErrorCase> cases = {
       {"generate -m /nonexistent --prompt-ids 1", "model directory '/nonexistent' not found"},
       {"generate -m " + kTiny + " --prompt-ids 1,x,3", "--prompt-ids: 'x' is not a token id"},
       {"generate -m " + kTiny + " --prompt-ids 1,99999", "outside the vocabulary [0, 512)"},
@@ -119,7 +160,7 @@ TEST(Cli, ErrorsNameTheProblemAndExitNonZero) {
        "--prefill-len 3 exceeds the 2 ids"},
       {"inspect -m " + kFixtures, "config.json"},
   };
-  for (const Case& c : cases) {
+  for (const ErrorCase& c : cases) {
     const Result r = run(kBin + " " + c.args);
     EXPECT_NE(r.code, 0) << c.args;
     EXPECT_NE(r.err.find("helixlm: error: "), std::string::npos) << c.args << "\n" << r.err;
@@ -268,6 +309,264 @@ TEST(Cli, TokenizeBadInputNamesTheLineOrItem) {
       run(fmt::format("{} tokenize --tokenizer {}/nonexistent </dev/null", kBin, kScratch));
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.err.find("nonexistent/tiktoken.model"), std::string::npos) << missing.err;
+}
+
+// Regression (issue 12, defects 1 and 2): sizes from the command line wrapped (a heap overflow in
+// cache_write), were never checked against memory (OOM killer, bad_alloc, hangs), and plan printed
+// negative totals. Each now fails at once with the option named.
+TEST(Cli, OversizedRequestsFailFastNamingTheOption) {
+  const std::string gen = "generate -m " + kTiny + " --prompt-ids 5,17,300 ";
+  const std::vector<ErrorCase> cases = {
+      {gen + "-n 4 --max-batch 1 --tokens-per-block 115292150460684698 --max-seq-len 115292150460684698 "
+             "--no-warmup",
+       "--max-seq-len must be in [1, 2147483647]"},
+      {gen + "-n 4 --max-batch 1 --tokens-per-block 115292150460684698 --no-warmup",
+       "--tokens-per-block must be in [1, 65536]"},
+      {gen + "-n 1000000000", "of 1000000003 tokens (-n) need 1192.09 GiB on this rank"},
+      {gen + "--max-batch 2147483647",
+       "more than the 2147483647 page ids (int32) allow; lower -n or --max-batch"},
+      {gen + "--max-seq-len 1099511627776", "--max-seq-len must be in [1, 2147483647]"},
+      {gen + "--max-seq-len 2000000000", "lower --max-seq-len or --max-batch"},
+      {gen + "--tp 65536 --cp 65536", "--tp 65536 x --cp 65536 = 4294967296"},
+      {"bench -m " + kTiny + " --context 1000000000000", "--context 1000000000000 + --steps 32 exceeds"},
+      {"bench -m " + kTiny + " --batch 100000 --context 64",
+       "the caches for 100000 sequences (--batch) of 96 tokens (--context) need 5.48 GiB"},
+  };
+  for (const ErrorCase& c : cases) {
+    // 1 GB of host memory, as a smaller machine would have: the bench case needs 5.5 GB of caches.
+    const Result r = run("env HLM_HOST_MEMORY_BYTES=1000000000 " + kBin + " " + c.args, 30);
+    EXPECT_EQ(r.code, 1) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find("helixlm: error: "), std::string::npos) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << "\n" << r.err;
+  }
+  const Result plan =
+      run(fmt::format("{} plan --config {}/configs/kimi-linear-48b-a3b.json --context "
+                      "1000000000000000000 --batch 1000000",
+                      kBin, kFixtures));
+  EXPECT_EQ(plan.code, 1) << plan.out;
+  EXPECT_NE(
+      plan.err.find("--context 1000000000000000000: MLA KV bytes of one sequence: 1000000000000000000 x "
+                    "8064 overflows 64-bit sizes"),
+      std::string::npos)
+      << plan.err;
+  EXPECT_EQ(plan.out.find("-9"), std::string::npos) << plan.out;  // no negative totals
+  const Result batch =
+      run(fmt::format("{} plan --config {}/configs/kimi-linear-48b-a3b.json --context 4096 --batch "
+                      "1000000000000000000",
+                      kBin, kFixtures));
+  EXPECT_EQ(batch.code, 1) << batch.out;
+  EXPECT_NE(batch.err.find("--batch x bytes per sequence: 1000000000000000000 x"), std::string::npos)
+      << batch.err;
+}
+
+// Regression (issue 12, defect 6): options and inputs that used to be accepted silently.
+TEST(Cli, SilentAcceptancesAreErrors) {
+  const std::string gen = "generate -m " + kTiny + " --prompt-ids 5 ";
+  const std::vector<ErrorCase> cases = {
+      {"--log-level bogus inspect -m " + kTiny, "--log-level 'bogus' is not one of trace"},
+      {gen + "--max-seq-len -5", "--max-seq-len must be in [1, 2147483647] (or 0: what the command needs)"},
+      {gen + "--max-batch 0", "--max-batch must be positive (got 0)"},
+      {gen + "--threads -1", "--threads must be >= 0 (0: cores / ranks), got -1"},
+      {gen + "--comm-timeout 0", "--comm-timeout must be positive"},
+      {"logits -m " + kTiny + " --ids 1,2 -o /nonexistent-dir/x.npy",
+       "-o /nonexistent-dir/x.npy: cannot write there: No such file or directory"},
+      {"logits -m " + kTiny + " --ids 1,2 -o " + kScratch,
+       "-o " + kScratch + ": cannot write there: Is a directory"},
+  };
+  for (const ErrorCase& c : cases) {
+    const Result r = run(kBin + " " + c.args, 30);
+    EXPECT_EQ(r.code, 1) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find("helixlm: error: " + c.message), std::string::npos) << c.args << "\n" << r.err;
+  }
+  EXPECT_EQ(run(kBin + " --log-level warn " + gen + "--threads 0 -n 2").code, 0);  // 0: cores / ranks
+
+  const std::string eos_dir = kScratch + "/eos-model";
+  std::filesystem::create_directories(eos_dir);
+  nlohmann::json cfg = nlohmann::json::parse(slurp(kTiny + "/config.json"));
+  cfg["eos_token_id"] = 512;
+  std::ofstream(eos_dir + "/config.json") << cfg.dump();
+  std::filesystem::copy_file(kTiny + "/model.safetensors", eos_dir + "/model.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  Result r = run(fmt::format("{} generate -m {} --prompt-ids 5", kBin, eos_dir));
+  EXPECT_NE(r.err.find("`eos_token_id` = 512 is outside the vocabulary [0, 512)"), std::string::npos)
+      << r.err;
+
+  const std::string extra = edited_model("extra-tensor", [](nlohmann::json& h, std::vector<char>& data) {
+    h["model.layers.9.mlp.unexpected.weight"] = {
+        {"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {data.size(), data.size() + 4}}};
+    data.resize(data.size() + 4, 0);
+  });
+  r = run(fmt::format("{} generate -m {} --prompt-ids 5 -n 2", kBin, extra));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("1 tensor(s) not used by the model"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("model.layers.9.mlp.unexpected.weight"), std::string::npos) << r.err;
+
+  const std::string dup = kScratch + "/dup-header";
+  std::filesystem::create_directories(dup);
+  std::filesystem::copy_file(kTiny + "/config.json", dup + "/config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  const std::string header = R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "a": {}})";
+  const uint64_t len = header.size();
+  std::ofstream st(dup + "/model.safetensors", std::ios::binary | std::ios::trunc);
+  st.write(reinterpret_cast<const char*>(&len), 8);
+  st << header << std::string(4, '\0');
+  st.close();
+  r = run(fmt::format("{} generate -m {} --prompt-ids 5", kBin, dup));
+  EXPECT_NE(r.err.find("header: key \"a\" appears twice in one JSON object"), std::string::npos) << r.err;
+}
+
+// Kept from before (issue 12, defect 6): a sharded checkpoint whose index and shards leave out a tensor
+// the model needs is an error naming the tensor and the directory.
+TEST(Cli, IndexLeavingOutANeededTensorIsAnError) {
+  std::vector<std::string> names;
+  const std::string dir = edited_model("sharded", [&](nlohmann::json& h, std::vector<char>&) {
+    h.erase("lm_head.weight");
+    for (const auto& [name, entry] : h.items()) {
+      if (name != "__metadata__") names.push_back(name);
+    }
+  });
+  std::filesystem::rename(dir + "/model.safetensors", dir + "/model-00001-of-00001.safetensors");
+  nlohmann::json index;
+  for (const std::string& n : names) index["weight_map"][n] = "model-00001-of-00001.safetensors";
+  std::ofstream(dir + "/model.safetensors.index.json") << index.dump();
+  const Result r = run(fmt::format("{} generate -m {} --prompt-ids 5", kBin, dir));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("tensor 'lm_head.weight' is not in checkpoint " + dir), std::string::npos) << r.err;
+}
+
+// Regression (issue 12, defect 3): an lm_head of NaNs made generate print 0,0,0,... and exit 0.
+TEST(Cli, NonFiniteWeightsAndLogitsAreErrorsNeverTokens) {
+  const std::string nan = edited_model("nan-lm-head", [](nlohmann::json& h, std::vector<char>& data) {
+    fill_bf16(h, data, "lm_head.weight", 0x7fc0);
+  });
+  Result r = run(fmt::format("{} generate -m {} --prompt-ids 5,17,300 -n 4", kBin, nan));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("tensor 'lm_head.weight' in " + nan +
+                       "/model.safetensors holds a non-finite value (NaN "
+                       "at [0, 0])"),
+            std::string::npos)
+      << r.err;
+  // Finite weights whose logits overflow: row 7 of lm_head at the largest bf16 value.
+  const std::string inf = edited_model("huge-lm-head", [](nlohmann::json& h, std::vector<char>& data) {
+    const size_t begin = h["lm_head.weight"]["data_offsets"][0].get<size_t>() + 7 * 64 * 2;
+    const uint16_t max_bf16 = 0x7f7f;
+    for (size_t i = 0; i < 64; ++i) std::memcpy(data.data() + begin + 2 * i, &max_bf16, 2);
+  });
+  r = run(fmt::format("{} generate -m {} --prompt-ids 5,17,300 --prompt-ids 9 -n 4", kBin, inf));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.out, "\n\n");  // one (empty) line per prompt: nothing was generated before the failure
+  EXPECT_NE(r.err.find("prompt 0: step 1 of its generation gave non-finite logits: logit 7 of 512 is"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("prompt 1: step 1 of its generation gave non-finite logits"), std::string::npos)
+      << r.err;
+}
+
+// Regression (issue 12, defect 7): generate printed only at the end, so Ctrl-C lost everything. Now each
+// line streams, and SIGINT ends the run after the current step with one complete line per prompt.
+TEST(Cli, InterruptedGenerateKeepsWhatItGenerated) {
+  const std::string args = fmt::format(
+      "{} --log-level warn generate -m {} --prompt-ids 5,17,300 --prompt-ids 9 --ignore-eos --threads 1",
+      kBin, kTiny);
+  const Result full = run(args + " -n 40");
+  ASSERT_EQ(full.code, 0) << full.err;
+  const Result r = run_script(fmt::format(R"(
+{} -n 1000000 --max-seq-len 1000010 --max-batch 2 >{}/int_out.txt 2>{}/int_err.txt &
+pid=$!
+for i in $(seq 600); do [ -s {}/int_out.txt ] && break; sleep 0.1; done
+sleep 1
+kill -INT $pid
+wait $pid
+echo $? >{}/int_rc.txt
+)",
+                                          args, kScratch, kScratch, kScratch, kScratch),
+                              120);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(slurp(kScratch + "/int_rc.txt"), "130\n");
+  EXPECT_NE(slurp(kScratch + "/int_err.txt").find("interrupted by signal 2"), std::string::npos);
+  const std::string out = slurp(kScratch + "/int_out.txt");
+  std::vector<std::string> lines;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 2u) << out;
+  ASSERT_EQ(out.back(), '\n');
+  std::istringstream want(full.out);
+  for (const std::string& got : lines) {
+    std::string expect;
+    std::getline(want, expect);
+    // What was generated before the interrupt is what an uninterrupted run generates.
+    const size_t n = std::min(got.size(), expect.size());
+    EXPECT_GT(got.size(), 0u);
+    EXPECT_EQ(got.substr(0, n), expect.substr(0, n));
+  }
+}
+
+// Regression (issue 12, defect 4): a stopped rank left the others spinning at 100% CPU forever. Now the
+// others idle without burning a core and end, within --comm-timeout, naming the rank that did not answer.
+std::string stall_script(int stop_rank, const std::string& extra) {
+  return fmt::format(R"SH(
+dir={}
+rm -f $dir/rank0.pid $dir/rank1.pid
+{} sh -c 'echo $$ > {}/rank$OMPI_COMM_WORLD_RANK.pid; exec "$@"' sh {} --log-level warn generate -m {} \
+  --prompt-ids 5,17,300 -n 1000000 --max-seq-len 1000010 --max-batch 1 --ignore-eos --cp 2 --threads 1 {} \
+  >$dir/stall_out.txt 2>$dir/stall_err.txt &
+job=$!
+for i in $(seq 600); do [ -s $dir/stall_out.txt ] && break; sleep 0.1; done
+stopped=$(cat $dir/rank{}.pid)
+other=$(cat $dir/rank{}.pid)
+kill -STOP $stopped
+t0=$(date +%s%N)
+sleep 1
+c0=$(awk '{{print $14 + $15}}' /proc/$other/stat)
+sleep 2
+c1=$(awk '{{print $14 + $15}}' /proc/$other/stat)
+wait $job
+rc=$?
+t1=$(date +%s%N)
+kill -CONT $stopped 2>/dev/null; kill -KILL $stopped 2>/dev/null
+echo "$rc $(( (t1 - t0) / 1000000 )) $(( c1 - c0 ))" >$dir/stall_result.txt
+)SH",
+                     kScratch, "mpirun -np 2 --oversubscribe --bind-to none", kScratch, kBin, kTiny, extra,
+                     stop_rank, 1 - stop_rank);
+}
+
+struct StallResult {
+  int code = 0;
+  int64_t exit_ms = 0;     // from the stop to the end of the job
+  int64_t idle_ticks = 0;  // CPU clock ticks the waiting rank used in 2 s
+};
+
+StallResult run_stall(int stop_rank, const std::string& extra) {
+  const Result r = run_script(stall_script(stop_rank, extra), 240);
+  EXPECT_EQ(r.code, 0) << r.err;
+  StallResult s;
+  std::istringstream(slurp(kScratch + "/stall_result.txt")) >> s.code >> s.exit_ms >> s.idle_ticks;
+  return s;
+}
+
+TEST(Cli, StoppedRankEndsTheJobNamingIt) {
+  const StallResult s = run_stall(1, "--comm-timeout 3");
+  const std::string err = slurp(kScratch + "/stall_err.txt");
+  EXPECT_NE(s.code, 0);
+  EXPECT_LT(s.exit_ms, 3000 + 20000) << "the job must end within --comm-timeout plus the probe and abort";
+  EXPECT_NE(err.find("helixlm: rank 0: error: rank 1 did not answer within --comm-timeout 3 s"),
+            std::string::npos)
+      << err;
+  EXPECT_FALSE(slurp(kScratch + "/stall_out.txt").empty());  // the streamed ids survive
+}
+
+TEST(Cli, WaitingRanksIdleAndNameTheStoppedDriver) {
+  // Rank 0 (the driver) stops: rank 1 waits for its next collective or step plan.
+  const StallResult s = run_stall(0, "--comm-timeout 6");
+  const std::string err = slurp(kScratch + "/stall_err.txt");
+  // A busy-polling rank uses ~200 ticks (100 Hz) in 2 s; a sleeping one a handful.
+  EXPECT_LT(s.idle_ticks, 30) << "the waiting rank burns a core";
+  EXPECT_NE(s.code, 0);
+  EXPECT_LT(s.exit_ms, 6000 + 20000);
+  EXPECT_NE(err.find("helixlm: rank 1: error: rank 0 did not answer within --comm-timeout 6 s"),
+            std::string::npos)
+      << err;
 }
 
 }  // namespace

@@ -11,26 +11,10 @@
 #include <string>
 
 #include "base/error.h"
+#include "scratch_dir.h"
 #include "weights/safetensors.h"
 
 namespace {
-
-// One scratch directory per fuzzing process, removed at exit. On tmpfs (/dev/shm) when there is one: on
-// a disk-backed /tmp the per-input write and mmap cut throughput about 30x.
-struct ScratchDir {
-  ScratchDir() {
-    std::error_code ec;
-    std::filesystem::path base =
-        std::filesystem::is_directory("/dev/shm", ec) ? "/dev/shm" : std::filesystem::temp_directory_path();
-    path = (base / "hlm_safetensors_fuzz_XXXXXX").string();
-    if (mkdtemp(path.data()) == nullptr) abort();
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string path;
-};
 
 bool is_float(hlm::DType t) {
   return t == hlm::DType::kF32 || t == hlm::DType::kF16 || t == hlm::DType::kBF16;
@@ -39,7 +23,7 @@ bool is_float(hlm::DType t) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const ScratchDir scratch;
+  static const hlm::fuzz::ScratchDir scratch("hlm_safetensors_fuzz");
   const std::string& dir = scratch.path;
   {
     std::ofstream out(dir + "/model.safetensors", std::ios::binary | std::ios::trunc);

@@ -90,15 +90,17 @@ TEST_P(Golden, GreedyIdsMatchReference) {
   o.max_new_tokens = static_cast<int64_t>(golden_.prompts[0].greedy.size());
   o.stop_at_eos = false;
   o.step_tokens = 48;  // prompts prefill in chunks while others decode: mixed ragged steps
-  std::vector<std::vector<int32_t>> got = generate(runner_->engine(), prompts, o);
+  const std::vector<Generation> gen = generate(runner_->engine(), prompts, o);
   for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(gen[i].error, "") << "prompt " << i;
+    const std::vector<int32_t>& got = gen[i].ids;
     const GoldenPrompt& p = golden_.prompts[i];
     const int64_t vocab = p.logits.dim(1);
-    ASSERT_EQ(got[i].size(), p.greedy.size());
+    ASSERT_EQ(got.size(), p.greedy.size());
     for (size_t j = 0; j < p.greedy.size(); ++j) {
       const float* row = p.logits.data<float>() + (p.ids.size() - 1 + j) * vocab;
       if (top2_margin(row, vocab) < kGreedyMargin) break;  // beyond here the reference itself is ambiguous
-      ASSERT_EQ(got[i][j], p.greedy[j]) << "prompt " << i << " position " << j;
+      ASSERT_EQ(got[j], p.greedy[j]) << "prompt " << i << " position " << j;
     }
   }
 }

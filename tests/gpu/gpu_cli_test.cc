@@ -67,7 +67,9 @@ TEST_F(CliGpu, MemoryPlanThatCannotFitOnOneRankEndsEveryRank) {
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.code, 124) << "timed out";
   EXPECT_NE(
-      r.err.find("helixlm: rank 1: error: GPU memory: --max-batch 64 sequences of --max-seq-len 100000000"),
+      r.err.find(
+          "helixlm: rank 1: error: GPU memory: the caches for 64 sequences (--max-batch) of 100000000 tokens "
+          "(--max-seq-len)"),
       std::string::npos)
       << r.err;
 }

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <limits>
 #include <set>
 
 #include "base/error.h"
@@ -76,6 +78,37 @@ TEST(KvManager, RejectsMisuse) {
   EXPECT_THROW(kv.commit(3, 1), Error);       // not reserved
   EXPECT_THROW(kv.cache_index(3, 0), Error);  // not reserved
   EXPECT_THROW(KvManager(Placement{0, 1}, 0, 1, 1), Error);
+}
+
+// Regression (issue 12): the free lists held every page id, pushed one by one, so a pool sized for 2^31
+// pages took 8 GB and minutes before the first step. Now they cost nothing until ids are released.
+TEST(KvManager, HugePoolsCostNothingUpFront) {
+  const auto start = std::chrono::steady_clock::now();
+  KvManager kv(Placement{64, 1}, 0, kMaxPagesPerRank, std::numeric_limits<int32_t>::max());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(100));
+  EXPECT_EQ(kv.free_pages(), kMaxPagesPerRank);
+  EXPECT_EQ(kv.free_slots(), std::numeric_limits<int32_t>::max());
+  kv.add(1);
+  kv.reserve(1, 200);
+  EXPECT_EQ(kv.pages(1), (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(kv.cache_index(1, 199), 3 * 64 + 7);
+}
+
+TEST(IdPool, HandsOutLowestFreshIdsAndReusesTheLastReleasedFirst) {
+  IdPool pool(5);
+  EXPECT_EQ(pool.take(), 0);
+  EXPECT_EQ(pool.take(), 1);
+  EXPECT_EQ(pool.take(), 2);
+  pool.give(1);
+  pool.give(0);
+  EXPECT_EQ(pool.free(), 4);
+  EXPECT_EQ(pool.take(), 0);
+  EXPECT_EQ(pool.take(), 1);
+  EXPECT_EQ(pool.take(), 3);
+  EXPECT_EQ(pool.take(), 4);
+  EXPECT_EQ(pool.free(), 0);
+  EXPECT_THROW(pool.take(), Error);
+  EXPECT_THROW(IdPool(int64_t{1} << 32), Error);  // ids are int32
 }
 
 }  // namespace

@@ -437,6 +437,16 @@ TEST(LoadModelConfig, InvalidJsonNamesPathAndPosition) {
   EXPECT_NE(msg.find("line 3"), std::string::npos) << msg;
 }
 
+// Regression (issue 12): config.json goes through the bounded parser: duplicate keys and deep nesting.
+TEST(LoadModelConfig, DuplicateKeysAndDeepNestingAreErrors) {
+  std::string path = write_scratch("dup.json", R"({"vocab_size": 10, "vocab_size": 163840})");
+  EXPECT_NE(load_error(path).find(path + ": key \"vocab_size\" appears twice"), std::string::npos);
+  path = write_scratch("deep.json", R"({"text_config": )" + std::string(1000, '{'));
+  EXPECT_NE(load_error(path).find("invalid JSON"), std::string::npos);
+  path = write_scratch("deep2.json", R"({"text_config": )" + std::string(1000, '['));
+  EXPECT_NE(load_error(path).find(path + ": JSON nested more than 64 levels deep"), std::string::npos);
+}
+
 TEST(LoadModelConfig, EmptyFile) {
   std::string path = write_scratch("empty.json", "");
   EXPECT_NE(load_error(path).find("invalid JSON"), std::string::npos);

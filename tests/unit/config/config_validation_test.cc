@@ -308,6 +308,18 @@ const std::vector<BadConfig>& bad_configs() {
       {"BosNegative",
        [] { return moonshot([](json& d) { d["bos_token_id"] = -5; }); },
        {"`bos_token_id`", ">= 0"}},
+      // Regression (issue 12): ids the lm_head cannot produce were accepted.
+      {"EosOutsideVocab",
+       [] { return moonshot([](json& d) { d["eos_token_id"] = 163840; }); },
+       {"`eos_token_id` = 163840 is outside the vocabulary [0, 163840)"}},
+      {"EosListEntryOutsideVocab",
+       [] { return moonshot([](json& d) {
+              d["eos_token_id"] = {163586, 200000};
+            }); },
+       {"`eos_token_id[1]` = 200000 is outside the vocabulary"}},
+      {"BosOutsideVocab",
+       [] { return moonshot([](json& d) { d["bos_token_id"] = 163840; }); },
+       {"`bos_token_id` = 163840 is outside the vocabulary"}},
       {"ModelMaxLengthZero",
        [] { return moonshot([](json& d) { d["model_max_length"] = 0; }); },
        {"`model_max_length`", "positive"}},

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "base/error.h"
+#include "parallel/mapping.h"
 
 namespace hlm {
 namespace {
@@ -82,7 +83,21 @@ TEST(LayoutRules, RejectsNonPositiveWidthsAndPages) {
   const ModelConfig c = kimi_48b();
   EXPECT_FALSE(layout_violations(c, LayoutRequest{0, 1, 0, 0, 64}).empty());
   const std::string p = joined(layout_violations(c, LayoutRequest{1, 2, 0, 0, 0}));
-  EXPECT_NE(p.find("--tokens-per-block must be positive"), std::string::npos);
+  EXPECT_NE(p.find("--tokens-per-block must be in [1, 65536] (got 0)"), std::string::npos) << p;
+}
+
+// Regression (issue 12): a page size without an upper bound let pages x page size wrap, and tp*cp was
+// multiplied in int, so --tp 65536 --cp 65536 wrapped to 0.
+TEST(LayoutRules, BoundsPageSizeAndRankCount) {
+  const ModelConfig c = kimi_48b();
+  std::string p = joined(layout_violations(c, LayoutRequest{1, 2, 0, 0, 115292150460684698}));
+  EXPECT_NE(p.find("--tokens-per-block must be in [1, 65536] (got 115292150460684698)"), std::string::npos)
+      << p;
+  p = joined(layout_violations(c, LayoutRequest{65536, 65536, 0, 0, 64}));
+  EXPECT_NE(p.find("--tp 65536 x --cp 65536 = 4294967296 ranks"), std::string::npos) << p;
+  p = joined(layout_violations(c, LayoutRequest{1, 2, 65536, 65536, 64}));
+  EXPECT_NE(p.find("must equal tp*cp (2)"), std::string::npos) << p;
+  EXPECT_THROW(Mapping::make(65536, 65536, 0), Error);
 }
 
 TEST(LayoutRules, ErrorListsTheLayoutsThatWork) {

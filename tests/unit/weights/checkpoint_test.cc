@@ -3,6 +3,8 @@
 // every inconsistency is an hlm::Error naming the file and tensor.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -62,8 +64,9 @@ TEST(Checkpoint, RoundTripsFloatTypes) {
   std::vector<float> f32(6), bf16(8);
   for (float& v : f32) v = normal(rng);
   for (float& v : bf16) v = normal(rng);
-  const std::vector<uint16_t> f16_bits = {0x3c00, 0xc000, 0x3800, 0x0001, 0x7bff, 0x8000, 0x7c00, 0x03ff};
-  const std::vector<float> f16_values = {1.0f, -2.0f, 0.5f, 0x1p-24f, 65504.0f, -0.0f, INFINITY, 0x3ffp-24f};
+  // Every finite kind of f16 (non-finite weights are refused, see RefusesNonFiniteWeights).
+  const std::vector<uint16_t> f16_bits = {0x3c00, 0xc000, 0x3800, 0x0001, 0x7bff, 0x8000, 0x0400, 0x03ff};
+  const std::vector<float> f16_values = {1.0f, -2.0f, 0.5f, 0x1p-24f, 65504.0f, -0.0f, 0x1p-14f, 0x3ffp-24f};
   test::write_safetensors(dir + "/model.safetensors", {{"a.f32", "F32", {2, 3}, test::f32_bytes(f32)},
                                                        {"a.bf16", "BF16", {2, 4}, test::bf16_bytes(bf16)},
                                                        {"a.f16", "F16", {8}, test::u16_bytes(f16_bits)},
@@ -319,6 +322,52 @@ TEST(Checkpoint, RejectsInconsistentShards) {
     write_index(dir, {{"a", 3}});
     EXPECT_CONTAINS(error_of([&] { Checkpoint ck(dir); }), "'a'");
   }
+}
+
+// Regression (issue 12): an lm_head of NaNs loaded silently and generate printed 0,0,0,... Non-finite
+// weights are refused as they are copied, naming the tensor, the file and the first bad element as stored.
+TEST(Checkpoint, RefusesNonFiniteWeights) {
+  const std::string dir = fresh_dir("ck_non_finite");
+  std::vector<float> f32 = {1, 2, 3, 4, 5, 6};
+  f32[4] = NAN;
+  std::vector<uint16_t> bf16(8, 0x3f80);  // 1.0
+  bf16[6] = 0xff80;                       // -Inf
+  std::vector<uint16_t> f16(4, 0x3c00);
+  f16[1] = 0x7e00;  // NaN
+  test::write_safetensors(dir + "/model.safetensors", {{"w.f32", "F32", {2, 3}, test::f32_bytes(f32)},
+                                                       {"w.bf16", "BF16", {2, 4}, test::u16_bytes(bf16)},
+                                                       {"w.f16", "F16", {4}, test::u16_bytes(f16)},
+                                                       {"ok", "F32", {2}, test::f32_bytes({1, 2})}});
+  const Checkpoint ck(dir);
+  const std::string file = dir + "/model.safetensors";
+  EXPECT_EQ(
+      error_of([&] {
+        ck.read_f32("w.f32", {2, 3});
+      }),
+      "tensor 'w.f32' in " + file + " holds a non-finite value (NaN at [1, 1]): the checkpoint is corrupt");
+  EXPECT_CONTAINS(error_of([&] { ck.read_f32("w.bf16", {2, 4}); }), "'w.bf16' in " + file);
+  EXPECT_CONTAINS(error_of([&] { ck.read_f32("w.bf16", {2, 4}); }), "(Inf at [1, 2])");
+  EXPECT_CONTAINS(error_of([&] { ck.read_raw("w.f16", {4}); }), "'w.f16' in " + file);
+  EXPECT_CONTAINS(error_of([&] { ck.read_raw("w.f16", {4}); }), "(NaN at [1])");
+  // A box holding the bad value names it by its stored index; a box without it reads fine.
+  TensorBox second_row{{}, {{1, 2}, {0, 4}}};
+  EXPECT_CONTAINS(error_of([&] { ck.read_raw("w.bf16", {2, 4}, second_row); }), "(Inf at [1, 2])");
+  TensorBox first_row{{}, {{0, 1}, {0, 4}}};
+  EXPECT_EQ(ck.read_f32("w.bf16", {2, 4}, first_row).data<float>()[3], 1.0f);
+  EXPECT_EQ(ck.read_f32("ok", {2}).data<float>()[1], 2.0f);
+}
+
+// The index of a sharded checkpoint is outside JSON too: bounded nesting, no duplicate keys.
+TEST(Checkpoint, IndexJsonIsParsedWithBounds) {
+  const std::string dir = fresh_dir("ck_index_bounds");
+  test::write_safetensors(dir + "/s1.safetensors", {{"a", "F32", {1}, test::f32_bytes({1})}});
+  const std::string index = dir + "/model.safetensors.index.json";
+  const std::string deep = R"({"weight_map": )" + std::string(100000, '[');
+  test::write_file(index, std::vector<uint8_t>(deep.begin(), deep.end()));
+  EXPECT_CONTAINS(error_of([&] { Checkpoint ck(dir); }), index + ": JSON nested more than 64 levels deep");
+  const std::string twice = R"({"weight_map": {"a": "s1.safetensors", "a": "s2.safetensors"}})";
+  test::write_file(index, std::vector<uint8_t>(twice.begin(), twice.end()));
+  EXPECT_CONTAINS(error_of([&] { Checkpoint ck(dir); }), index + ": key \"a\" appears twice");
 }
 
 TEST(Checkpoint, OpensTinyFixture) {

@@ -48,6 +48,23 @@ TEST(Mxfp4, EveryCodeAtUnitScale) {
   }
 }
 
+// Regression (issue 12): non-finite weights are refused at load. A UE8M0 scale of 0xFF is NaN; 254 makes
+// every code above 1.5 overflow fp32.
+TEST(Mxfp4, NonFiniteScalesAreLoadErrorsNamingTheWeight) {
+  const Tensor packed = bytes({1, 16}, std::vector<uint8_t>(16, 0x77));  // code 7 = 6.0 everywhere
+  for (uint8_t scale : {uint8_t{0xff}, uint8_t{254}}) {
+    try {
+      dequantize_mxfp4(packed, bytes({1, 1}, {scale}), "experts.3.w1");
+      FAIL() << int{scale};
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("MXFP4 weight 'experts.3.w1': weight_scale holds 0xFF"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(dequantize_mxfp4(packed, bytes({1, 1}, {252}), "w").data<float>()[0], 6.0f * 0x1p125f);
+}
+
 TEST(Mxfp4, MismatchedTensorsAreLoadErrorsNamingTheWeight) {
   try {
     dequantize_mxfp4(bytes({2, 16}, std::vector<uint8_t>(32)), bytes({2, 2}, std::vector<uint8_t>(4)),

@@ -111,11 +111,11 @@ TEST(SafetensorsFile, RejectsInvalidJson) {
   std::string path;
   std::string msg = open_error("st_json", "{\"w\": {\"dtype\": ", {}, &path);
   EXPECT_CONTAINS(msg, path);
-  EXPECT_CONTAINS(msg, "not valid JSON");
+  EXPECT_CONTAINS(msg, "invalid JSON");
   msg = open_error("st_json_array", "[1, 2]", {}, &path);
   EXPECT_CONTAINS(msg, "not a JSON object");
   msg = open_error("st_json_empty", "", {}, &path);
-  EXPECT_CONTAINS(msg, "not valid JSON");
+  EXPECT_CONTAINS(msg, "invalid JSON");
 }
 
 TEST(SafetensorsFile, RejectsBadMetadata) {
@@ -220,6 +220,21 @@ TEST(SafetensorsFile, RejectsByteLengthMismatch) {
   EXPECT_CONTAINS(msg, path);
   EXPECT_CONTAINS(msg, "m.w");
   EXPECT_CONTAINS(msg, "needs 12");
+}
+
+// Regression (issue 12): a 98 MB header of nested brackets cost 3.6 GB before it was refused, and a key
+// given twice was silently resolved to its last value.
+TEST(SafetensorsFile, RefusesDeepNestingAndDuplicateKeysInTheHeader) {
+  std::string path;
+  std::string msg = open_error("st_deep", R"({"w": )" + std::string(20'000'000, '['), {}, &path);
+  EXPECT_CONTAINS(msg, path + ": header: JSON nested more than 64 levels deep");
+  const std::string entry = R"({"dtype": "F32", "shape": [1], "data_offsets": [0, 4]})";
+  msg = open_error("st_dup", R"({"w": )" + entry + R"(, "w": )" + entry + "}", test::f32_bytes({1}), &path);
+  EXPECT_CONTAINS(msg, path + ": header: key \"w\" appears twice in one JSON object");
+  msg = open_error("st_dup_field",
+                   R"({"w": {"dtype": "F32", "dtype": "I32", "shape": [1], "data_offsets": [0, 4]}})",
+                   test::f32_bytes({1}), &path);
+  EXPECT_CONTAINS(msg, "key \"dtype\" appears twice");
 }
 
 }  // namespace
