@@ -98,16 +98,18 @@ TEST_P(CudaGolden, GreedyIdsMatchReference) {
   o.max_new_tokens = static_cast<int64_t>(golden_.prompts[0].greedy.size());
   o.stop_at_eos = false;
   o.step_tokens = 48;  // mixed ragged steps, then decode steps of 3 sequences through the batch-4 graph
-  std::vector<std::vector<int32_t>> got = generate(r->engine(), prompts, o);
+  const std::vector<Generation> generations = generate(r->engine(), prompts, o);
   for (size_t i = 0; i < prompts.size(); ++i) {
     const GoldenPrompt& p = golden_.prompts[i];
     const int64_t vocab = p.logits.dim(1);
-    ASSERT_EQ(got[i].size(), p.greedy.size());
+    const std::vector<int32_t>& got = generations[i].ids;
+    ASSERT_EQ(generations[i].error, "") << "prompt " << i;
+    ASSERT_EQ(got.size(), p.greedy.size());
     size_t checked = 0;
     for (size_t j = 0; j < p.greedy.size(); ++j) {
       const float* row = p.logits.data<float>() + (p.ids.size() - 1 + j) * vocab;
       if (top2_margin(row, vocab) < margin_[i]) break;  // beyond here bf16 may legitimately flip
-      ASSERT_EQ(got[i][j], p.greedy[j]) << "prompt " << i << " position " << j;
+      ASSERT_EQ(got[j], p.greedy[j]) << "prompt " << i << " position " << j;
       ++checked;
     }
     std::cout << "[cuda golden] " << GetParam() << " prompt " << i << ": " << checked << " of "

@@ -113,27 +113,31 @@ void GpuHelix::logits_and_greedy_ids_match_one_gpu(bool graphs) {
   o.max_new_tokens = 24;
   o.stop_at_eos = false;
   o.step_tokens = 40;  // mixed ragged steps, then decode steps of the whole batch
-  const std::vector<std::vector<int32_t>> got = generate(engine, prompts, o);
-  const std::vector<std::vector<int32_t>> want = generate(single.engine(), prompts, o);
+  const std::vector<Generation> helix_gen = generate(engine, prompts, o);
+  const std::vector<Generation> single_gen = generate(single.engine(), prompts, o);
   engine.stop();
   for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(helix_gen[i].error, "") << "prompt " << i;
+    EXPECT_EQ(single_gen[i].error, "") << "prompt " << i;
+    const std::vector<int32_t>& got = helix_gen[i].ids;
+    const std::vector<int32_t>& want = single_gen[i].ids;
     // The one-GPU run's own logits along its greedy path say where a flip would be legitimate.
     std::vector<int32_t> path = prompts[i];
-    path.insert(path.end(), want[i].begin(), want[i].end());
+    path.insert(path.end(), want.begin(), want.end());
     const auto prompt_len = static_cast<int64_t>(prompts[i].size());
     const Tensor logits = sequence_logits(single.engine(), 2, path, prompt_len);
     const int64_t vocab = logits.dim(1);
-    EXPECT_EQ(got[i].size(), want[i].size()) << "prompt " << i;
+    EXPECT_EQ(got.size(), want.size()) << "prompt " << i;
     size_t checked = 0;
-    for (size_t j = 0; j < want[i].size() && j < got[i].size(); ++j) {
+    for (size_t j = 0; j < want.size() && j < got.size(); ++j) {
       if (top2_margin(logits.data<float>() + (prompt_len - 1 + static_cast<int64_t>(j)) * vocab, vocab) <
           margin_[i]) {
         break;
       }
-      EXPECT_EQ(got[i][j], want[i][j]) << "prompt " << i << " position " << j;
+      EXPECT_EQ(got[j], want[j]) << "prompt " << i << " position " << j;
       ++checked;
     }
-    std::cout << label << " prompt " << i << ": " << checked << " of " << want[i].size()
+    std::cout << label << " prompt " << i << ": " << checked << " of " << want.size()
               << " greedy ids checked (margin >= " << margin_[i] << ")\n";
   }
 }
