@@ -10,6 +10,9 @@
 // --random-weights), by starting the sequences at `context` tokens over caches filled with random values:
 // a decode step then reads exactly the bytes a real context of that length holds, without the prefill
 // time of a million-token prompt. Prefill speed is then measured on a separate prompt (--prefill-tokens).
+//
+// On several GPUs (mpirun) with --no-cuda-graphs the report also splits the decode step on rank 0 into
+// communication (device time inside the collectives, waits for the other ranks included) and the rest.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
