@@ -186,6 +186,8 @@ int main(int argc, char** argv) {
   }
   const hlm::Mapping m = hlm::Mapping::make(hlm::test::g_tp, hlm::test::g_cp, rank);
   hlm::test::g_comm = world > 1 ? hlm::make_mpi_comm(m) : hlm::make_single_comm();
+  // A hang fails in minutes, naming the rank waited for; the runners' GPU Comms take this deadline.
+  hlm::test::g_comm->set_timeout(300);
   const int rc = RUN_ALL_TESTS();
   hlm::test::g_comm.reset();
   return rc;
