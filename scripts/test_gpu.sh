@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds helixlm with the CUDA backend in build-gpu/ and runs the GPU tests (CTest label `gpu`): every
 # CUDA op against the CPU reference, every fixture end to end against the transformers / K3-reference
-# goldens through the CUDA backend, and CUDA-graph decode against eager decode. Prints a summary. Run it
-# on a machine with an NVIDIA Hopper GPU (sm_90a). HLM_NO_APT=1 skips the package installation (a machine
+# goldens through the CUDA backend, and CUDA-graph decode against eager decode; with 2 or more GPUs also
+# the GPU collectives against NCCL, Helix parity on 2 GPUs (tp1·cp2, tp2·cp1) and failing ranks under
+# mpirun (skipped, and listed as skipped, with fewer GPUs). Prints a summary. Run it on a machine with
+# NVIDIA Hopper GPUs (sm_90a). HLM_NO_APT=1 skips the package installation (a machine
 # without a package mirror that already has the build dependencies); HLM_SKIP_BUILD=1 reuses the build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +26,6 @@ status=${PIPESTATUS[0]}
 set -e
 echo
 echo "== GPU test summary ($(date -u +%Y-%m-%dT%H:%MZ), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
-grep -E '^\[cuda golden\]' "$log" | sed 's/^/  /' || true
+grep -E '^\[(cuda golden|gpu helix)\]' "$log" | sed 's/^/  /' || true
 grep -E '^\[  (PASSED|FAILED|SKIPPED) \]|tests passed|tests failed|Skipped' "$log" | sed 's/^/  /' || true
 exit "$status"

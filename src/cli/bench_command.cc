@@ -10,6 +10,9 @@
 // --random-weights), by starting the sequences at `context` tokens over caches filled with random values:
 // a decode step then reads exactly the bytes a real context of that length holds, without the prefill
 // time of a million-token prompt. Prefill speed is then measured on a separate prompt (--prefill-tokens).
+//
+// On several GPUs (mpirun) with --no-cuda-graphs the report also splits the decode step on rank 0 into
+// communication (device time inside the collectives, waits for the other ranks included) and the rest.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -103,7 +106,11 @@ int run_bench(const BenchArgs& a) {
   };
   if (synthetic) s.model().randomize_caches(99);
 
-  std::vector<double> prefill_rates, step_times;
+  // The compute/communication split of decode steps, from the collectives' device time on this rank
+  // (eager steps only: a graph replay runs no host code per collective).
+  const bool split = s.comm().size() > 1 && s.device() == Device::kCuda;
+  s.comm().enable_timing(split);
+  std::vector<double> prefill_rates, step_times, comm_times;
   int64_t next_id = 0;
   // Prefill of `n` tokens of a new sequence in chunks; returns tokens/s and leaves the sequence alive.
   auto prefill = [&](int64_t id, int64_t n, std::vector<int32_t>* last) {
@@ -146,6 +153,7 @@ int run_bench(const BenchArgs& a) {
       }
       prefill_rates.push_back(static_cast<double>(a.context * a.batch) / seconds_since(t));
     }
+    s.comm().take_collective_seconds();  // drop the prefill's
     for (int64_t step = 0; step < a.steps; ++step) {
       StepPlan decode;
       for (size_t b = 0; b < ids.size(); ++b)
@@ -154,6 +162,7 @@ int run_bench(const BenchArgs& a) {
       const auto t = Clock::now();
       next = s.engine().step_sample(decode, std::vector<SampleParams>(ids.size()));
       step_times.push_back(seconds_since(t));
+      if (split) comm_times.push_back(s.comm().take_collective_seconds());
       for (int32_t& x : next) x = std::max(x, 0);  // a non-finite row must not stop a benchmark
     }
     spdlog::info("bench: repeat {}/{} done", rep + 1, a.repeats);
@@ -161,6 +170,7 @@ int run_bench(const BenchArgs& a) {
   s.engine().stop();
 
   const double step = median(step_times);
+  const double comm = median(comm_times);  // 0 without a split, or when decode steps were graph replays
   const double bandwidth = measure_bandwidth(s.ops());
   const Mapping& m = s.model().mapping();
   Ops& ops = s.ops();
@@ -197,6 +207,10 @@ int run_bench(const BenchArgs& a) {
     j["floor_bytes_state"] = bytes.state;
     j["floor_ms"] = floor * 1e3;
     j["floor_ratio"] = step / floor;
+    if (comm > 0) {
+      j["comm_ms_per_step"] = comm * 1e3;
+      j["compute_ms_per_step"] = (step - comm) * 1e3;
+    }
     std::cout << j.dump() << "\n";
     return 0;
   }
@@ -212,6 +226,15 @@ int run_bench(const BenchArgs& a) {
       grouped(static_cast<int64_t>(bytes.total())), grouped(static_cast<int64_t>(bytes.weights)),
       grouped(static_cast<int64_t>(bytes.kv)), grouped(static_cast<int64_t>(bytes.state)), bandwidth / 1e9,
       floor * 1e3, step / floor);
+  if (comm > 0) {
+    std::cout << fmt::format(
+        "split on rank 0: communication {:.3f} ms/step (device time inside collectives, waits for peers "
+        "included), compute and launch {:.3f} ms/step\n",
+        comm * 1e3, (step - comm) * 1e3);
+  } else if (split) {
+    std::cout << "split: decode steps ran as CUDA graphs, which are not timed per collective; run with "
+                 "--no-cuda-graphs for the compute/communication split\n";
+  }
   return 0;
 }
 

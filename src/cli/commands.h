@@ -15,6 +15,7 @@ CommandRunner add_logits_command(CLI::App& app);
 CommandRunner add_inspect_command(CLI::App& app);
 CommandRunner add_plan_command(CLI::App& app);
 CommandRunner add_bench_command(CLI::App& app);
+CommandRunner add_bench_comm_command(CLI::App& app);
 CommandRunner add_tokenize_command(CLI::App& app);
 CommandRunner add_serve_command(CLI::App& app);
 CommandRunner add_chat_command(CLI::App& app);

@@ -16,8 +16,9 @@ int main(int argc, char** argv) {
   const std::vector<std::pair<std::string, hlm::CommandRunner>> commands = {
       {"generate", hlm::add_generate_command(app)}, {"logits", hlm::add_logits_command(app)},
       {"inspect", hlm::add_inspect_command(app)},   {"plan", hlm::add_plan_command(app)},
-      {"bench", hlm::add_bench_command(app)},       {"tokenize", hlm::add_tokenize_command(app)},
-      {"serve", hlm::add_serve_command(app)},       {"chat", hlm::add_chat_command(app)},
+      {"bench", hlm::add_bench_command(app)},       {"bench-comm", hlm::add_bench_comm_command(app)},
+      {"tokenize", hlm::add_tokenize_command(app)}, {"serve", hlm::add_serve_command(app)},
+      {"chat", hlm::add_chat_command(app)},
   };
   try {
     app.parse(argc, argv);

@@ -10,6 +10,7 @@
 #include "model/memory_plan.h"
 #include "model/weight_source.h"
 #include "parallel/layout_rules.h"
+#include "runtime/device_comm.h"
 #include "weights/model_source.h"
 
 namespace hlm {
@@ -43,6 +44,12 @@ void add_session_options(CLI::App& cmd, SessionOptions& o) {
   cmd.add_option("--comm-timeout", o.comm_timeout,
                  "Seconds a rank waits for its peers in one collective before ending the job")
       ->capture_default_str();
+  cmd.add_option("--ll-all-reduce-max-bytes", o.ll_all_reduce_max_bytes,
+                 "GPU all-reduces up to this size go over NVLink peer memory, larger ones through NCCL")
+      ->capture_default_str();
+  cmd.add_option("--ll-all-to-all-max-bytes", o.ll_all_to_all_max_bytes,
+                 "GPU all-to-alls sending up to this much to each peer go over NVLink peer memory")
+      ->capture_default_str();
   cmd.add_flag("!--no-warmup", o.warmup, "Skip the start-up warmup step");
 }
 
@@ -66,6 +73,10 @@ std::vector<int32_t> parse_ids(const std::string& text, const char* flag) {
 
 void check_session_options(const SessionOptions& o) {
   HLM_CHECK(o.comm_timeout > 0, "--comm-timeout must be positive (got {})", o.comm_timeout);
+  HLM_CHECK(
+      o.ll_all_reduce_max_bytes >= 0 && o.ll_all_to_all_max_bytes >= 0,
+      "--ll-all-reduce-max-bytes and --ll-all-to-all-max-bytes must be >= 0 (0: NCCL only), got {} and {}",
+      o.ll_all_reduce_max_bytes, o.ll_all_to_all_max_bytes);
   HLM_CHECK(o.threads >= 0, "--threads must be >= 0 (0: cores / ranks), got {}", o.threads);
   HLM_CHECK(o.engine.max_batch > 0, "--max-batch must be positive (got {})", o.engine.max_batch);
   HLM_CHECK(o.max_seq_len >= 0 && o.max_seq_len <= kMaxSeqLen,
@@ -76,14 +87,6 @@ void check_session_options(const SessionOptions& o) {
 }
 
 namespace {
-
-// The rank's index among the ranks of its host (OpenMPI and PMI set it), for picking its GPU.
-int local_rank(int rank) {
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
-    if (const char* v = std::getenv(name)) return std::atoi(v);
-  }
-  return rank;
-}
 
 // Ranks mpirun started on this host (OpenMPI, MPICH/Hydra); they share its memory.
 int ranks_on_this_host() {
@@ -179,15 +182,22 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
   }
   eo.cuda_graphs = o.cuda_graphs && device == Device::kCuda;
   if (device == Device::kCpu) check_caches_fit_host(config_, mapping, o, eo);
-  comm_ = world > 1 ? make_mpi_comm(mapping) : make_single_comm();
+  host_comm_ = world > 1 ? make_mpi_comm(mapping) : make_single_comm();
 
   BackendOptions bo;
-  bo.cpu_threads = o.threads;
-  bo.ranks_on_host = ranks_on_this_host();
+  // --threads 0: the host's cores divided among the ranks on it.
+  bo.cpu_threads = o.threads > 0 ? o.threads
+                                 : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                                   ranks_on_this_host());
   std::string why;
   if (device == Device::kCuda) bo.cuda_device = local_rank(rank) % std::max(1, cuda_device_count(&why));
   ops_ = make_ops(device, bo);
   spdlog::info("device: {}", device == Device::kCuda ? fmt::format("cuda:{}", bo.cuda_device) : "cpu");
+  GpuCommOptions gco;
+  gco.ll_all_reduce_max_bytes = o.ll_all_reduce_max_bytes;
+  gco.ll_all_to_all_max_bytes = o.ll_all_to_all_max_bytes;
+  gco.ll_slot_bytes = std::max({gco.ll_slot_bytes, o.ll_all_reduce_max_bytes, o.ll_all_to_all_max_bytes});
+  device_comm_ = make_device_comm(*host_comm_, mapping, *ops_, gco);
 
   const auto load_start = std::chrono::steady_clock::now();
   std::unique_ptr<WeightSource> weights;
@@ -209,15 +219,15 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
               human_bytes(need), human_bytes(std::max<int64_t>(budget, 0)), o.gpu_memory_fraction,
               human_bytes(mem.free), human_bytes(mem.total));
   }
-  model_ = std::make_unique<Model>(config_, mapping, *ops_, *comm_, *weights);
+  model_ = std::make_unique<Model>(config_, mapping, *ops_, comm(), *weights);
   weights.reset();
   // Ranks finish loading at different times and the first collective waits for the slowest. It may wait
   // as long again as this rank's own load took, on top of --comm-timeout: peers read shards of the same
   // size from the same kind of storage, while a stalled one never arrives.
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
-  comm_->set_timeout(o.comm_timeout + load_s);
-  comm_->barrier();
-  comm_->set_timeout(o.comm_timeout);
+  comm().set_timeout(o.comm_timeout + load_s);
+  comm().barrier();
+  comm().set_timeout(o.comm_timeout);
 
   if (device == Device::kCuda) {
     const int64_t step_tokens = std::max<int64_t>(o.max_step_tokens > 0 ? o.max_step_tokens : eo.max_seq_len,
@@ -231,7 +241,7 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
     ops_->reserve_workspace(plan.workspace_bytes);
     eo.num_pages = plan.pages;
   }
-  engine_ = std::make_unique<Engine>(*model_, *comm_, eo);
+  engine_ = std::make_unique<Engine>(*model_, comm(), eo);
   if (o.warmup) engine_->warmup();
 }
 

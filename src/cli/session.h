@@ -35,6 +35,9 @@ struct SessionOptions {
   // No legitimate wait comes near it: a collective waits only for the peers' work since the previous
   // one (a layer of a step; between steps, rank 0's scheduling); weight loading gets its own allowance.
   double comm_timeout = 600;
+  // GPU collectives over NVLink peer memory up to these sizes, NCCL above (0: NCCL only).
+  int64_t ll_all_reduce_max_bytes = 64 << 10;
+  int64_t ll_all_to_all_max_bytes = 1 << 20;
   EngineOptions engine;
   // The options that sized the caches, for the error when they do not fit: the command's own option when
   // it set the batch or the sequence length (bench: --batch, --context), else --max-batch / --max-seq-len.
@@ -51,7 +54,8 @@ struct SessionOptions {
 };
 
 // Adds -m, --tp, --cp, --moe-ep, --moe-tp, --threads, --tokens-per-block, --max-batch, --max-seq-len,
-// --device, --gpu-memory-fraction, --no-cuda-graphs, --comm-timeout, --no-warmup.
+// --device, --gpu-memory-fraction, --no-cuda-graphs, --comm-timeout, --ll-all-reduce-max-bytes,
+// --ll-all-to-all-max-bytes, --no-warmup.
 void add_session_options(CLI::App& cmd, SessionOptions& o);
 
 // Range checks of the options as the user gave them (before a command adjusts them), naming the option.
@@ -66,7 +70,9 @@ class Session {
   Session(const SessionOptions& options, int64_t max_seq_len_hint);
   ~Session();
 
-  bool is_driver() const { return comm_->rank() == 0; }
+  bool is_driver() const { return host_comm_->rank() == 0; }
+  // The Comm the model uses: the GPU Comm on several GPUs, the MPI or single-rank Comm otherwise.
+  Comm& comm() { return device_comm_ != nullptr ? *device_comm_ : *host_comm_; }
   Engine& engine() { return *engine_; }
   Model& model() { return *model_; }
   Ops& ops() { return *ops_; }
@@ -80,8 +86,9 @@ class Session {
  private:
   std::string model_dir_;
   ModelConfig config_;
-  std::unique_ptr<Comm> comm_;
+  std::unique_ptr<Comm> host_comm_;
   std::unique_ptr<Ops> ops_;
+  std::unique_ptr<Comm> device_comm_;  // after ops_: it runs on their stream
   std::unique_ptr<Checkpoint> checkpoint_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Engine> engine_;

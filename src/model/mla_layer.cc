@@ -74,12 +74,13 @@ Tensor MlaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext
   if (cp > 1) {
     // Chunk j of the tp-local heads goes to CP peer j; what comes back is this rank's chunk r' from
     // every peer, merged exactly.
-    Tensor parts = ops.transpose01(part.reshape({t, cp, chunk_heads_ * lat}));      // [cp, T, Hc·L]
-    Tensor part_stats = ops.transpose01(stats.reshape({t, cp, chunk_heads_ * 2}));  // [cp, T, Hc·2]
-    parts = env.comm.all_to_all(parts, CommGroup::kCp);
-    part_stats = env.comm.all_to_all(part_stats, CommGroup::kCp);
-    context = ops.lse_combine(parts.reshape({cp, t, chunk_heads_, lat}),
-                              part_stats.reshape({cp, t, chunk_heads_, 2}));  // [T, Hc, L]
+    const Tensor parts =
+        ops.transpose01(part.reshape({t, cp, chunk_heads_ * lat})).reshape({cp, t, chunk_heads_, lat});
+    const Tensor part_stats =
+        ops.transpose01(stats.reshape({t, cp, chunk_heads_ * 2})).reshape({cp, t, chunk_heads_, 2});
+    context = env.comm.all_to_all_lse_combine(
+        parts, part_stats, CommGroup::kCp,
+        [&ops](const Tensor& p, const Tensor& s) { return ops.lse_combine(p, s); });  // [T, Hc, L]
   }
   Tensor heads = ops.head_matmul(context, w_uv_, /*w_transposed=*/true)
                      .reshape({t, chunk_heads_ * c.v_head_dim});  // [T, H/N·v]

@@ -2,9 +2,6 @@
 
 #include <omp.h>
 
-#include <algorithm>
-#include <thread>
-
 #include <cblas.h>
 
 #include "base/error.h"
@@ -44,13 +41,10 @@ std::unique_ptr<Ops> make_ops(Device device, const BackendOptions& o) {
     HLM_FAIL("the CUDA backend is not part of this build (nvcc was not found at build time)");
 #endif
   }
-  int threads = o.cpu_threads;
-  if (threads <= 0) {
-    threads =
-        std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, o.ranks_on_host));
+  if (o.cpu_threads > 0) {
+    omp_set_num_threads(o.cpu_threads);
+    openblas_set_num_threads(o.cpu_threads);
   }
-  omp_set_num_threads(threads);
-  openblas_set_num_threads(threads);
   return make_cpu_ops();
 }
 

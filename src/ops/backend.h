@@ -13,8 +13,7 @@ enum class DeviceChoice { kCpu, kCuda, kAuto };
 
 struct BackendOptions {
   int cuda_device = 0;  // GPU index (the local rank under mpirun)
-  int cpu_threads = 0;  // 0: the machine's cores divided among the ranks on it
-  int ranks_on_host = 1;
+  int cpu_threads = 0;  // OpenMP and OpenBLAS threads of the CPU backend; 0 leaves their defaults
 };
 
 // Whether this build has the CUDA backend.

@@ -170,6 +170,9 @@ class Ops {
   virtual void reserve_workspace(int64_t bytes) {}
   // Waits for the work the ops have enqueued (timing; a no-op where ops run synchronously).
   virtual void synchronize() {}
+  // The stream the ops run on (a cudaStream_t on CUDA; nullptr where ops run synchronously): the GPU Comm
+  // enqueues its collectives there, in order with the ops and inside their captured graphs.
+  virtual void* native_stream() { return nullptr; }
   // Runs `body` once, recording its device work as a graph to replay (nullptr where the backend has no
   // graphs). The body's tensors must stay alive as long as the graph.
   virtual std::unique_ptr<StepGraph> capture(const std::function<void()>& body) {

@@ -264,6 +264,13 @@ void mpi_world(int* size, int* rank) {
   MPI_Comm_rank(MPI_COMM_WORLD, rank);
 }
 
+int local_rank(int rank) {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
+    if (const char* v = std::getenv(name)) return std::atoi(v);
+  }
+  return rank;
+}
+
 void abort_all_ranks(int code) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);

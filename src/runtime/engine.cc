@@ -231,6 +231,7 @@ void Engine::execute(const StepPlan& plan, const std::function<void(const Tensor
       throw;
     }
     ops.end_step();
+    comm_.check();
     for (const StepEntry& e : plan.entries) kv_.commit(e.seq_id, static_cast<int64_t>(e.tokens.size()));
   }
   for (int64_t id : plan.release) kv_.release(id);

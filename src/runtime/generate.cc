@@ -21,11 +21,7 @@ std::vector<Generation> generate(Engine& engine, const std::vector<std::vector<i
     r.sampling = o.sampling;
     r.sampler_stream = i;
     r.stop_at_eos = o.stop_at_eos;
-    try {
-      scheduler.add(static_cast<int64_t>(i), std::move(r));
-    } catch (const Error& e) {
-      HLM_FAIL("prompt {}: {}", i, e.what());
-    }
+    scheduler.add(static_cast<int64_t>(i), std::move(r));  // its errors name the prompt by its index
   }
   std::vector<Generation> out(prompts.size());
   std::vector<char> done(prompts.size(), 0);

@@ -11,7 +11,7 @@
 #include <iostream>
 
 #include "fixtures.h"
-#include "model/memory_plan.h"
+#include "helix_checks.h"
 #include "parallel/layout_rules.h"
 #include "runtime/generate.h"
 
@@ -98,47 +98,12 @@ TEST_P(Helix, LogitsAndGreedyIdsMatchSingleRank) {
 }
 
 TEST_P(Helix, EveryRankHoldsExactlyItsPages) {
-  Engine& engine = runner_->engine();
-  const GoldenPrompt& p = golden_.prompts.back();
-  const std::vector<int32_t> ids = full_sequence(p);
-  if (driver()) {
-    // Leave the sequence cached: prefill in two chunks, then a few decode steps.
-    StepPlan plan;
-    plan.entries.push_back(StepEntry{5, true, false, std::vector<int32_t>(ids.begin(), ids.begin() + 100)});
-    engine.step(plan);
-    plan.entries[0] = StepEntry{5, false, false, std::vector<int32_t>(ids.begin() + 100, ids.begin() + 150)};
-    engine.step(plan);
-    for (int64_t j = 150; j < 155; ++j) {
-      plan.entries[0] = StepEntry{5, false, false, {ids[j]}};
-      engine.step(plan);
-    }
-    engine.stop();
-  } else {
-    engine.serve();
-  }
-  const KvManager& kv = engine.kv();
-  const int64_t g = kv.global_len(5);
-  ASSERT_EQ(g, 155);
-  const Placement& pl = kv.placement();
-  EXPECT_EQ(static_cast<int64_t>(kv.pages(5).size()), pl.local_pages(g, mapping().cp_rank()));
-  // Gather (local tokens) over the world: the CP group of each tp rank holds every token exactly once.
-  Tensor local = Tensor::filled({1}, static_cast<float>(pl.local_len(g, mapping().cp_rank())));
-  Tensor all = g_comm->all_gather(local, CommGroup::kCp);
-  float sum = 0;
-  for (int r = 0; r < g_cp; ++r) sum += all.data<float>()[r];
-  EXPECT_EQ(sum, static_cast<float>(g));
+  expect_each_rank_holds_its_pages(runner_->engine(), *g_comm, mapping(),
+                                   full_sequence(golden_.prompts.back()));
 }
 
 TEST_P(Helix, WeightBytesReadEqualPlan) {
-  const Checkpoint ckpt(golden_.model_dir);
-  const StoredDType stored = [&](const WeightSpec& s) {
-    return ckpt.has(s.name) ? ckpt.info(s.name).dtype : ckpt.info(s.alt_names.at(0)).dtype;
-  };
-  const RankWeightBytes plan = rank_weight_bytes(weight_layout(runner_->config()), mapping(), stored);
-  EXPECT_EQ(static_cast<int64_t>(runner_->model().weight_bytes_read()), plan.total)
-      << "rank " << g_comm->rank();
-  const StateBytes state = state_bytes(runner_->config(), mapping(), 4, 4);
-  EXPECT_EQ(runner_->model().kda_state_bytes_per_slot(), state.kda_recurrent + state.kda_conv);
+  expect_weight_bytes_equal_plan(*runner_, golden_.model_dir, mapping());
 }
 
 TEST_P(Helix, WarmupLeavesLiveResultsUnchanged) {

@@ -10,6 +10,7 @@
 #include "base/npy.h"
 #include "model/memory_plan.h"
 #include "ops/backend.h"
+#include "runtime/device_comm.h"
 
 namespace hlm::test {
 
@@ -17,7 +18,14 @@ namespace fs = std::filesystem;
 
 namespace {
 constexpr const char* kTwinSuffix = "-moonshot";
+
+// Where a fixture's references live: its own directory, or its base fixture's for a "-moonshot" twin.
+std::string reference_dir(const std::string& name) {
+  std::string dir = std::string(HLM_FIXTURES_DIR) + "/" + name;
+  if (name.ends_with(kTwinSuffix)) dir.resize(dir.size() - std::string(kTwinSuffix).size());
+  return dir;
 }
+}  // namespace
 
 std::vector<std::string> golden_case_names() {
   std::vector<std::string> names;
@@ -34,9 +42,7 @@ GoldenCase load_golden_case(const std::string& name) {
   GoldenCase c;
   c.name = name;
   c.model_dir = std::string(HLM_FIXTURES_DIR) + "/" + name;
-  std::string golden_dir = c.model_dir;
-  if (name.ends_with(kTwinSuffix))
-    golden_dir = golden_dir.substr(0, golden_dir.size() - std::string(kTwinSuffix).size());
+  const std::string golden_dir = reference_dir(name);
   std::ifstream in(golden_dir + "/golden.json");
   HLM_CHECK(in.good(), "{}/golden.json missing", golden_dir);
   nlohmann::json doc = nlohmann::json::parse(in);
@@ -50,18 +56,38 @@ GoldenCase load_golden_case(const std::string& name) {
   return c;
 }
 
+Bf16Noise load_bf16_noise(const GoldenCase& c) {
+  const std::string path = reference_dir(c.name) + "/bf16_reference.json";
+  std::ifstream in(path);
+  HLM_CHECK(in.good(), "{} missing (tools/bf16_reference.py makes it)", path);
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  Bf16Noise n;
+  for (const auto& p : doc.at("prompts")) {
+    n.rel_l2.push_back(p.at("rel_l2").get<double>());
+    n.max_abs.push_back(p.at("max_abs").get<float>());
+  }
+  HLM_CHECK(n.rel_l2.size() == c.prompts.size(), "{} lists {} prompts, the fixture has {}", path,
+            n.rel_l2.size(), c.prompts.size());
+  return n;
+}
+
 Runner::Runner(const std::string& model_dir, const Mapping& mapping, Comm& comm, EngineOptions options,
                Device device) {
   config_ = load_model_config(model_dir + "/config.json");
-  ops_ = make_ops(device, BackendOptions{});
+  BackendOptions backend;
+  if (device == Device::kCuda)
+    backend.cuda_device = local_rank(comm.rank()) % std::max(1, cuda_device_count(nullptr));
+  ops_ = make_ops(device, backend);
+  device_comm_ = make_device_comm(comm, mapping, *ops_);
+  Comm& c = device_comm_ != nullptr ? *device_comm_ : comm;
   checkpoint_ = std::make_unique<Checkpoint>(model_dir);
-  model_ = std::make_unique<Model>(config_, mapping, *ops_, comm, *checkpoint_);
+  model_ = std::make_unique<Model>(config_, mapping, *ops_, c, *checkpoint_);
   if (device == Device::kCuda) {
     ops_->reserve_workspace(step_scratch_bytes(config_, mapping, options.max_seq_len, options.max_seq_len));
   } else {
     options.cuda_graphs = false;
   }
-  engine_ = std::make_unique<Engine>(*model_, comm, options);
+  engine_ = std::make_unique<Engine>(*model_, c, options);
   if (options.cuda_graphs) engine_->warmup();
 }
 

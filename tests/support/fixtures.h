@@ -30,8 +30,20 @@ struct GoldenCase {
 std::vector<std::string> golden_case_names();
 GoldenCase load_golden_case(const std::string& name);
 
-// A model and engine for one rank, on the CPU or the CUDA backend (GPU 0). A CUDA runner reserves the step
-// workspace for steps of up to options.max_seq_len tokens and, with options.cuda_graphs, warms up and
+// How far bf16 rounding alone moves a fixture's reference, per prompt, from its bf16_reference.json
+// (tools/bf16_reference.py: the reference run in bf16 against its fp32 logits): the relative L2 error of
+// the logits and the largest change of a single logit. The "loud" fixtures (weights with std 0.2) amplify
+// rounding to 0.05-0.26; the realistic ones stay near 1e-2 (tests/gpu/cuda_model_test.cc).
+struct Bf16Noise {
+  std::vector<double> rel_l2;
+  std::vector<float> max_abs;
+};
+Bf16Noise load_bf16_noise(const GoldenCase& c);
+
+// A model and engine for one rank, on the CPU or the CUDA backend (the GPU of the rank's local index under
+// mpirun, GPU 0 otherwise). A CUDA runner on several ranks runs its collectives through a GPU Comm built
+// over `comm` (collectively: every rank builds its runners in the same order). A CUDA runner reserves the
+// step workspace for steps of up to options.max_seq_len tokens and, with options.cuda_graphs, warms up and
 // captures the decode graphs.
 class Runner {
  public:
@@ -45,6 +57,7 @@ class Runner {
  private:
   ModelConfig config_;
   std::unique_ptr<Ops> ops_;
+  std::unique_ptr<Comm> device_comm_;  // the GPU Comm on several GPUs
   std::unique_ptr<Checkpoint> checkpoint_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Engine> engine_;

@@ -1,22 +1,11 @@
-// Check macros for CUDA runtime and cuBLAS calls and kernel launches (the TensorRT-LLM habit): a failure
-// throws hlm::Error with the call, the error string and the source location, so a bad launch surfaces
-// where it happened instead of as a later, unrelated failure.
+// Check macros of the CUDA backend: the CUDA runtime ones (base/cuda_check.h) plus cuBLAS, each throwing
+// hlm::Error with the call, the error string and the source location.
 #pragma once
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
-#include <cuda_runtime.h>
 
-#include "base/error.h"
-
-#define HLM_CUDA_CHECK(call)                                                     \
-  do {                                                                           \
-    const cudaError_t hlm_err_ = (call);                                         \
-    if (hlm_err_ != cudaSuccess) [[unlikely]] {                                  \
-      HLM_FAIL("CUDA error in {}: {} ({})", #call, cudaGetErrorString(hlm_err_), \
-               static_cast<int>(hlm_err_));                                      \
-    }                                                                            \
-  } while (0)
+#include "base/cuda_check.h"
 
 #define HLM_CUBLAS_CHECK(call)                                                       \
   do {                                                                               \
@@ -25,14 +14,4 @@
       HLM_FAIL("cuBLAS error in {}: {} ({})", #call, cublasGetStatusString(hlm_st_), \
                static_cast<int>(hlm_st_));                                           \
     }                                                                                \
-  } while (0)
-
-// After a <<<...>>> launch: reports an invalid configuration or a missing kernel image at the launch.
-#define HLM_CHECK_LAUNCH(name)                                                              \
-  do {                                                                                      \
-    const cudaError_t hlm_err_ = cudaGetLastError();                                        \
-    if (hlm_err_ != cudaSuccess) [[unlikely]] {                                             \
-      HLM_FAIL("CUDA kernel launch {} failed: {} ({})", name, cudaGetErrorString(hlm_err_), \
-               static_cast<int>(hlm_err_));                                                 \
-    }                                                                                       \
   } while (0)

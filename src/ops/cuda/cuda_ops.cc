@@ -121,6 +121,7 @@ class CudaOps final : public Ops {
   void end_step() override { ctx_.end_step(); }
   void reserve_workspace(int64_t bytes) override { ctx_.reserve_workspace(bytes); }
   void synchronize() override { HLM_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream())); }
+  void* native_stream() override { return ctx_.stream(); }
 
   std::unique_ptr<StepGraph> capture(const std::function<void()>& body) override {
     cudaGraph_t graph = nullptr;
