@@ -83,8 +83,10 @@ int run_bench(const BenchArgs& a) {
   const int64_t chunk = a.prefill_chunk > 0 ? a.prefill_chunk : (device == Device::kCuda ? 8192 : 512);
   const int64_t prefill_tokens =
       a.prefill_tokens >= 0 ? a.prefill_tokens : std::min<int64_t>(a.context, 8192);
-  if (a.batch >= so.engine.max_batch) so.batch_option = "--batch";
-  so.engine.max_batch = std::max(so.engine.max_batch, a.batch);
+  // The engine holds the batch and nothing more: at long contexts every extra slot would be sized for a
+  // whole context of KV pages.
+  so.batch_option = "--batch";
+  so.engine.max_batch = a.batch;
   so.length_option = "--context";
   HLM_CHECK(std::max(a.context, prefill_tokens) <= kMaxSeqLen - a.steps,
             "--context {} + --steps {} exceeds the {} tokens a sequence may hold", a.context, a.steps,
