@@ -186,9 +186,10 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
 
   BackendOptions bo;
   // --threads 0: the host's cores divided among the ranks on it.
-  bo.cpu_threads = o.threads > 0 ? o.threads
-                                 : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
-                                                   ranks_on_this_host());
+  bo.cpu_threads =
+      o.threads > 0
+          ? o.threads
+          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks_on_this_host());
   std::string why;
   if (device == Device::kCuda) bo.cuda_device = local_rank(rank) % std::max(1, cuda_device_count(&why));
   ops_ = make_ops(device, bo);
