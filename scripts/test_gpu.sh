@@ -20,12 +20,13 @@ if ! nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,nohead
 fi
 mkdir -p "$build"
 set +e
-# One test binary at a time: each takes a share of the GPU's memory.
-ctest --test-dir "$build" -L gpu --output-on-failure -j1 --timeout 1800 2>&1 | tee "$log"
+# One test binary at a time: each takes a share of the GPU's memory. Verbose, so the per-fixture lines
+# of the passing tests reach the log (and the summary below).
+ctest --test-dir "$build" -L gpu --verbose -j1 --timeout 1800 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 echo
 echo "== GPU test summary ($(date -u +%Y-%m-%dT%H:%MZ), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
-grep -E '^\[(cuda golden|gpu helix)\]' "$log" | sed 's/^/  /' || true
-grep -E '^\[  (PASSED|FAILED|SKIPPED) \]|tests passed|tests failed|Skipped' "$log" | sed 's/^/  /' || true
+grep -E '^([0-9]+: )?\[(cuda golden|gpu helix)\]' "$log" | sed 's/^/  /' || true
+grep -E '^([0-9]+: )?\[  (PASSED|FAILED|SKIPPED) +\]|tests passed|tests failed|Skipped' "$log" | sed 's/^/  /' || true
 exit "$status"

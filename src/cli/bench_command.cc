@@ -47,6 +47,7 @@ struct BenchArgs {
   int64_t prefill_tokens = -1;  // synthetic contexts: the prompt timed for prefill (-1: min(context, 8192))
   int synthetic = -1;           // -1: on with --random-weights
   bool json = false;
+  int64_t profile_steps = 0;  // decode steps of the last repeat bracketed for a device profiler
 };
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -76,6 +77,7 @@ double measure_bandwidth(Ops& ops) {
 int run_bench(const BenchArgs& a) {
   HLM_CHECK(a.context > 0 && a.batch > 0 && a.steps > 0 && a.repeats > 0 && a.prefill_chunk >= 0,
             "--context, --batch, --steps and --repeats must be positive, --prefill-chunk >= 0");
+  HLM_CHECK(a.profile_steps >= 0 && a.profile_steps < a.steps, "--profile-steps must be in [0, --steps)");
   check_session_options(a.session);
   SessionOptions so = a.session;
   const bool synthetic = a.synthetic < 0 ? so.random_weights : a.synthetic != 0;
@@ -161,9 +163,15 @@ int run_bench(const BenchArgs& a) {
       for (size_t b = 0; b < ids.size(); ++b)
         decode.entries.push_back(StepEntry{ids[b], false, false, {next[b]}});
       if (step == a.steps - 1) decode.release = ids;
+      // The middle of the last repeat: caches warm, graphs captured, the sequences not released.
+      const int64_t profile_from = (a.steps - a.profile_steps) / 2;
+      const bool profiled =
+          rep == a.repeats - 1 && step >= profile_from && step < profile_from + a.profile_steps;
+      if (profiled && step == profile_from) s.ops().profiler_recording(true);
       const auto t = Clock::now();
       next = s.engine().step_sample(decode, std::vector<SampleParams>(ids.size()));
       step_times.push_back(seconds_since(t));
+      if (profiled && step == profile_from + a.profile_steps - 1) s.ops().profiler_recording(false);
       if (split) comm_times.push_back(s.comm().take_collective_seconds());
       for (int32_t& x : next) x = std::max(x, 0);  // a non-finite row must not stop a benchmark
     }
@@ -263,6 +271,9 @@ CommandRunner add_bench_command(CLI::App& app) {
       "1: start sequences at --context over random caches instead of prefilling them (default with "
       "--random-weights); 0: prefill");
   cmd->add_flag("--json", a->json, "Print one JSON object instead of the report");
+  cmd->add_option("--profile-steps", a->profile_steps,
+                  "Record N decode steps of the last repeat for a device profiler started with recording "
+                  "off (ncu --profile-from-start off)");
   return [a] { return run_bench(*a); };
 }
 

@@ -58,6 +58,10 @@ class Model {
   };
 
   void load(WeightSource& w);
+  // A layer's attention and FFN on their normalized input x (attend, feed), or on the hidden state h
+  // with the layer's pre-norm applied first (attention, feed_forward).
+  Tensor attend(Layer& l, const Tensor& x, const StepContext& ctx);
+  Tensor feed(Layer& l, const Tensor& x);
   Tensor attention(Layer& l, const Tensor& h, const StepContext& ctx);
   Tensor feed_forward(Layer& l, const Tensor& h);
   // The layer stack over the embeddings: plain pre-norm residuals, or block attention residuals. Both

@@ -173,6 +173,9 @@ class Ops {
   // The stream the ops run on (a cudaStream_t on CUDA; nullptr where ops run synchronously): the GPU Comm
   // enqueues its collectives there, in order with the ops and inside their captured graphs.
   virtual void* native_stream() { return nullptr; }
+  // Starts (true) or stops (false) the device profiler's recording, so that `ncu --profile-from-start off`
+  // records only the steps `bench --profile-steps` brackets (a no-op without a device profiler).
+  virtual void profiler_recording(bool on) {}
   // Runs `body` once, recording its device work as a graph to replay (nullptr where the backend has no
   // graphs). The body's tensors must stay alive as long as the graph.
   virtual std::unique_ptr<StepGraph> capture(const std::function<void()>& body) {
@@ -187,6 +190,12 @@ class Ops {
   virtual Tensor linear(const Tensor& x, const Tensor& w, bool f32_out = false) = 0;
   // Row-wise RMSNorm over the last dim: w · (x · rsqrt(mean(x²) + eps)). x [..., D], w [D].
   virtual Tensor rms_norm(const Tensor& x, const Tensor& w, float eps) = 0;
+  // The pre-norm residual step: h += a, then rms_norm(h, w, eps). Defined here as exactly that pair of ops
+  // (the CPU reference); a device backend fuses it into one kernel with the same result.
+  virtual Tensor add_rms_norm(Tensor& h, const Tensor& a, const Tensor& w, float eps) {
+    add_inplace(h, a);
+    return rms_norm(h, w, eps);
+  }
   // y += x, same shape.
   virtual void add_inplace(Tensor& y, const Tensor& x) = 0;
   // act(gate) · up, elementwise; gate, up [T, I].
@@ -202,7 +211,8 @@ class Ops {
   // x [T, H, a], w [H, a, b] -> y[t, h] = x[t, h]·w[h]  [T, H, b]; with w_transposed, w [H, b, a] and
   // y[t, h] = x[t, h]·w[h]ᵀ.
   virtual Tensor head_matmul(const Tensor& x, const Tensor& w, bool w_transposed = false) = 0;
-  // Columns [begin, end) of the last dimension. x [..., C] -> [..., end - begin]
+  // Columns [begin, end) of the last dimension. x [..., C] -> [..., end - begin]. The result may share
+  // x's storage (a backend may return a view where the columns are contiguous): callers only read it.
   virtual Tensor slice_last(const Tensor& x, int64_t begin, int64_t end) = 0;
   // Concatenation along the last dimension; leading dimensions must agree.
   virtual Tensor concat_last(const Tensor& a, const Tensor& b) = 0;

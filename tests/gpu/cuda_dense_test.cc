@@ -50,7 +50,11 @@ TEST_F(CudaDense, EmbeddingGathersRowsAsF32) {
 
 TEST_F(CudaDense, LinearMatchesInBf16AndF32) {
   HLM_GPU_OR_SKIP(gpu);
-  for (auto [t, in, out] : {std::tuple{1, 64, 96}, std::tuple{37, 2304, 520}, std::tuple{150, 128, 16}}) {
+  // Up to 16 tokens with BF16 weights take the weight-streaming kernel (skinny_gemm.cu): row counts off
+  // the 16-row tile, K off the 64-column chunk and long K (more chunks than its warps keep in flight).
+  for (auto [t, in, out] :
+       {std::tuple{1, 64, 96}, std::tuple{37, 2304, 520}, std::tuple{150, 128, 16}, std::tuple{5, 2312, 1027},
+        std::tuple{16, 200, 72}, std::tuple{9, 4096, 40}, std::tuple{3, 8, 3}}) {
     Tensor x = round_bf16(random_f32({t, in}, rng_));
     Tensor w = round_bf16(random_f32({out, in}, rng_, -0.1f, 0.1f));
     Tensor want = cpu_->linear(x, w);
@@ -60,6 +64,8 @@ TEST_F(CudaDense, LinearMatchesInBf16AndF32) {
     // An F32-stored weight runs an fp32 GEMM (the F32 activation is taken as is).
     EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->linear(gpu->upload(x), gpu->upload(w))), want), kF32Dot)
         << "F32 w";
+    // An F32 activation with BF16 weights is rounded to bf16 on the way in, as the CPU input was.
+    EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->linear(gpu->upload(x), wg)), want), kBf16Out) << "F32 x";
   }
 }
 
@@ -84,6 +90,19 @@ TEST_F(CudaDense, NormsAndElementwise) {
   EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->rms_norm(gpu->upload(x), to_gpu_bf16(*gpu, w), 1e-5f)),
                    cpu_->rms_norm(x, w, 1e-5f)),
             kBf16Out);
+  // The fused residual step, on a row wider than the kernel keeps in registers (5000 > 4096) and a BF16
+  // addend: h += a exactly as add_inplace (F32), then the same norm.
+  for (int64_t dim : {2304, 5000}) {
+    Tensor h = random_f32({3, dim}, rng_, -3.0f, 3.0f);
+    Tensor a = round_bf16(random_f32({3, dim}, rng_, -1.0f, 1.0f));
+    Tensor wd = round_bf16(random_f32({dim}, rng_, 0.5f, 1.5f));
+    Tensor hg = gpu->upload(h);
+    Tensor got = gpu->add_rms_norm(hg, to_gpu_bf16(*gpu, a), to_gpu_bf16(*gpu, wd), 1e-5f);
+    Tensor h_cpu = h.clone();
+    Tensor want = cpu_->add_rms_norm(h_cpu, a, wd, 1e-5f);
+    EXPECT_LE(rel_l2(gpu->to_host_f32(hg), h_cpu), kF32Out) << "h after add_rms_norm, D " << dim;
+    EXPECT_LE(rel_l2(gpu->to_host_f32(got), want), kBf16Out) << "add_rms_norm, D " << dim;
+  }
 
   Tensor g = round_bf16(random_f32({13, 300}, rng_, -6.0f, 6.0f));
   Tensor u = round_bf16(random_f32({13, 300}, rng_, -40.0f, 40.0f));
@@ -115,6 +134,11 @@ TEST_F(CudaDense, LayoutMoversAreExact) {
   Tensor x = random_f32({6, 4, 10}, rng_);
   Tensor xg = gpu->upload(x);
   EXPECT_EQ(rel_l2(gpu->to_host_f32(gpu->slice_last(xg, 3, 9)), cpu_->slice_last(x, 3, 9)), 0.0);
+  // One row: the slice is a view of x (no copy), with the same values and shape.
+  Tensor row = random_f32({1, 1, 40}, rng_);
+  Tensor row_slice = gpu->slice_last(gpu->upload(row), 8, 24);
+  EXPECT_EQ(row_slice.shape(), (Shape{1, 1, 16}));
+  EXPECT_EQ(rel_l2(gpu->to_host_f32(row_slice), cpu_->slice_last(row, 8, 24)), 0.0);
   Tensor b = random_f32({6, 4, 5}, rng_);
   EXPECT_EQ(rel_l2(gpu->to_host_f32(gpu->concat_last(xg, gpu->upload(b))), cpu_->concat_last(x, b)), 0.0);
   Tensor idx = Tensor::from_vector_i32({4}, {5, 0, 0, 2});

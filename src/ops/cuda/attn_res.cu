@@ -1,18 +1,23 @@
 // K3's block attention residual mixing (docs/MODEL.md §8.2) on the GPU: one block per token. Each candidate
 // row (at most kMaxCandidates: 8 snapshots + the running sum) is reduced to its RMS and to its score
 // Σ_d rmsnorm(v)[d]·norm[d]·proj[d]; a softmax over the candidates' scores weighs the raw candidates.
-// fp32 throughout, as the mixing logits are close together (margins ~0.02).
+// fp32 throughout, as the mixing logits are close together (margins ~0.02). One pass over the columns
+// serves every candidate (per-thread sums in registers, one reduction for all of them): 22 µs per call at
+// K3's width with 9 candidates on an H200, against 32 µs for a pass and two block reductions per
+// candidate. One block per token is what remains slow at batch 1 (one SM reads all candidates).
+#include <cmath>
 #include <vector>
 
 #include "ops/cuda/cuda_kernels.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/pdl.cuh"
 
 namespace hlm::cuda {
 
 namespace {
 
 constexpr int kMaxCandidates = 16;
-constexpr int kThreads = 256;
+constexpr int kThreads = 512;  // K3's 7168 columns in 14 steps per thread
 
 struct AttnResParams {
   const void* cand[kMaxCandidates];  // [T, D] each
@@ -30,25 +35,44 @@ __device__ __forceinline__ float load(const void* p, bool is_bf16, int64_t i) {
   return is_bf16 ? __bfloat162float(static_cast<const bf16*>(p)[i]) : static_cast<const float*>(p)[i];
 }
 
-__global__ void attn_res_kernel(AttnResParams p) {
-  __shared__ float scratch[32];
+__global__ void __launch_bounds__(kThreads) attn_res_kernel(AttnResParams p) {
+  pdl_wait();
+  pdl_trigger();
+  __shared__ float partial[2 * kMaxCandidates]
+                          [kThreads / 32];  // per warp: Σv² and Σv·norm·proj per candidate
   __shared__ float weight[kMaxCandidates];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t row = blockIdx.x * p.dim;
-  for (int c = 0; c < p.num; ++c) {
-    float sq = 0.0f, dot = 0.0f;
-    for (int64_t d = threadIdx.x; d < p.dim; d += blockDim.x) {
-      const float v = load(p.cand[c], p.cand_bf16[c], row + d);
-      sq += v * v;
-      dot += v * load(p.norm, p.norm_bf16, d) * load(p.proj, p.proj_bf16, d);
+  float sq[kMaxCandidates], dot[kMaxCandidates];
+#pragma unroll
+  for (int c = 0; c < kMaxCandidates; ++c) sq[c] = dot[c] = 0.0f;
+  for (int64_t d = threadIdx.x; d < p.dim; d += kThreads) {
+    const float np = load(p.norm, p.norm_bf16, d) * load(p.proj, p.proj_bf16, d);
+#pragma unroll
+    for (int c = 0; c < kMaxCandidates; ++c) {
+      if (c < p.num) {
+        const float v = load(p.cand[c], p.cand_bf16[c], row + d);
+        sq[c] += v * v;
+        dot[c] += v * np;
+      }
     }
-    sq = block_sum(sq, scratch);
-    dot = block_sum(dot, scratch);
-    if (threadIdx.x == 0) weight[c] = dot * rsqrtf(sq / static_cast<float>(p.dim) + p.eps);
+  }
+#pragma unroll
+  for (int c = 0; c < kMaxCandidates; ++c) {
+    if (c < p.num) {
+      const float s = warp_sum(sq[c]), t = warp_sum(dot[c]);
+      if (lane == 0) partial[2 * c][warp] = s, partial[2 * c + 1][warp] = t;
+    }
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    float m = weight[0];
-    for (int c = 1; c < p.num; ++c) m = fmaxf(m, weight[c]);
+    float m = -INFINITY;
+    for (int c = 0; c < p.num; ++c) {
+      float s = 0.0f, t = 0.0f;
+      for (int w = 0; w < kThreads / 32; ++w) s += partial[2 * c][w], t += partial[2 * c + 1][w];
+      weight[c] = t * rsqrtf(s / static_cast<float>(p.dim) + p.eps);
+      m = fmaxf(m, weight[c]);
+    }
     float sum = 0.0f;
     for (int c = 0; c < p.num; ++c) {
       weight[c] = expf(weight[c] - m);
@@ -57,7 +81,7 @@ __global__ void attn_res_kernel(AttnResParams p) {
     for (int c = 0; c < p.num; ++c) weight[c] /= sum;
   }
   __syncthreads();
-  for (int64_t d = threadIdx.x; d < p.dim; d += blockDim.x) {
+  for (int64_t d = threadIdx.x; d < p.dim; d += kThreads) {
     float acc = 0.0f;
     for (int c = 0; c < p.num; ++c) acc += weight[c] * load(p.cand[c], p.cand_bf16[c], row + d);
     p.out[row + d] = acc;
@@ -93,7 +117,7 @@ Tensor attn_res(CudaContext& ctx, const std::vector<Tensor>& candidates, const T
   p.dim = first.dim(1);
   p.eps = eps;
   if (first.dim(0) > 0) {
-    attn_res_kernel<<<static_cast<unsigned>(first.dim(0)), kThreads, 0, ctx.stream()>>>(p);
+    launch_pdl(attn_res_kernel, static_cast<unsigned>(first.dim(0)), kThreads, 0, ctx.stream(), p);
     HLM_CHECK_LAUNCH("attn_res");
   }
   return out;

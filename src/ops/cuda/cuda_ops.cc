@@ -6,6 +6,8 @@
 
 #include <cstring>
 
+#include <cuda_profiler_api.h>
+
 #include "base/half.h"
 #include "base/log.h"
 #include "ops/cuda/cuda_kernels.h"
@@ -122,6 +124,10 @@ class CudaOps final : public Ops {
   void reserve_workspace(int64_t bytes) override { ctx_.reserve_workspace(bytes); }
   void synchronize() override { HLM_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream())); }
   void* native_stream() override { return ctx_.stream(); }
+  void profiler_recording(bool on) override {
+    HLM_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream()));
+    HLM_CUDA_CHECK(on ? cudaProfilerStart() : cudaProfilerStop());
+  }
 
   std::unique_ptr<StepGraph> capture(const std::function<void()>& body) override {
     cudaGraph_t graph = nullptr;
@@ -150,6 +156,9 @@ class CudaOps final : public Ops {
   }
   Tensor rms_norm(const Tensor& x, const Tensor& w, float eps) override {
     return cuda::rms_norm(ctx_, x, w, eps);
+  }
+  Tensor add_rms_norm(Tensor& h, const Tensor& a, const Tensor& w, float eps) override {
+    return cuda::add_rms_norm(ctx_, h, a, w, eps);
   }
   void add_inplace(Tensor& y, const Tensor& x) override { cuda::add_inplace(ctx_, y, x); }
   Tensor glu(const Tensor& gate, const Tensor& up, const ActivationParams& act) override {

@@ -6,6 +6,7 @@
 
 #include "ops/cuda/cuda_kernels.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/pdl.cuh"
 #include "ops/random_hash.h"
 
 namespace hlm::cuda {
@@ -56,6 +57,8 @@ struct EmbeddingParams {
 // One thread per output element. An id outside the vocabulary (validated on the host before any step;
 // here only as a last line) yields NaN, which the sampler reports as non-finite logits.
 __global__ void embedding_kernel(EmbeddingParams p) {
+  pdl_wait();
+  pdl_trigger();
   HLM_GRID_STRIDE(i, p.tokens * p.dim) {
     const int64_t t = i / p.dim, d = i % p.dim;
     const int id = p.ids[t];
@@ -71,21 +74,71 @@ struct RmsNormParams {
   bf16* y;  // [rows, D]
   int64_t rows, dim;
   float eps;
+  In add;   // add_rms_norm: [rows, D] added to x first (add.p == nullptr: plain RMSNorm)
+  Out sum;  // add_rms_norm: x + add, stored over x (the same buffer as x)
 };
 
-// One block per row: the sum of squares is a block reduction, then each thread scales its columns. The
-// normalized value is rounded to bf16 before the weight multiply, as the reference does (MODEL.md §4).
-__global__ void rms_norm_kernel(RmsNormParams p) {
+// add_rms_norm's first step for one element: x + add stored over x, rounded to x's dtype as add_inplace
+// stores it, so the fused op normalizes exactly what add_inplace + rms_norm would.
+__device__ __forceinline__ float store_sum(const RmsNormParams& p, int64_t i, float x, float add) {
+  const float s = x + add;
+  p.sum.set(i, s);
+  return p.sum.is_bf16 ? __bfloat162float(__float2bfloat16_rn(s)) : s;
+}
+
+// One block per row: the sum of squares is a block reduction, then each thread scales its columns. A
+// thread keeps its first kRmsCached columns in registers, so the row is read once with all its loads in
+// flight (a loop that loads, then adds, waits out one memory latency per iteration). With p.add, the
+// residual add comes first (add_rms_norm): one kernel instead of two. The normalized value
+// is rounded to bf16 before the weight multiply, as the reference does (MODEL.md §4).
+constexpr int kRmsCached = 16;  // rows up to 16·blockDim wide stay in registers
+
+__global__ void __launch_bounds__(2 * kThreads) rms_norm_kernel(RmsNormParams p) {
+  pdl_wait();
+  pdl_trigger();
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
+  const int64_t stride = blockDim.x;
+  float v[kRmsCached], wv[kRmsCached];
   float sum = 0.0f;
-  for (int64_t d = threadIdx.x; d < p.dim; d += blockDim.x) {
-    const float v = p.x[r * p.dim + d];
-    sum += v * v;
+  // All loads of the row and the weight go out before the first store (a store between them would keep
+  // the compiler from moving later loads above it) and before the reduction.
+#pragma unroll
+  for (int i = 0; i < kRmsCached; ++i) {
+    const int64_t d = threadIdx.x + i * stride;
+    v[i] = d < p.dim ? p.x[r * p.dim + d] : 0.0f;
+    wv[i] = d < p.dim ? p.w[d] : 0.0f;
+  }
+  if (p.add.p != nullptr) {
+    float a[kRmsCached];
+#pragma unroll
+    for (int i = 0; i < kRmsCached; ++i) {
+      const int64_t d = threadIdx.x + i * stride;
+      a[i] = d < p.dim ? p.add[r * p.dim + d] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kRmsCached; ++i) {
+      const int64_t d = threadIdx.x + i * stride;
+      if (d < p.dim) v[i] = store_sum(p, r * p.dim + d, v[i], a[i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kRmsCached; ++i) sum += v[i] * v[i];
+  for (int64_t d = threadIdx.x + kRmsCached * stride; d < p.dim; d += stride) {
+    const int64_t i = r * p.dim + d;
+    const float x = p.add.p != nullptr ? store_sum(p, i, p.x[i], p.add[i]) : p.x[i];
+    sum += x * x;
   }
   sum = block_sum(sum, scratch);
   const float inv = rsqrtf(sum / static_cast<float>(p.dim) + p.eps);
-  for (int64_t d = threadIdx.x; d < p.dim; d += blockDim.x) {
+#pragma unroll
+  for (int i = 0; i < kRmsCached; ++i) {
+    const int64_t d = threadIdx.x + i * stride;
+    if (d < p.dim)
+      p.y[r * p.dim + d] = __float2bfloat16_rn(wv[i] * __bfloat162float(__float2bfloat16_rn(v[i] * inv)));
+  }
+  for (int64_t d = threadIdx.x + kRmsCached * stride; d < p.dim; d += stride) {
+    // With add_rms_norm, x already holds this thread's stored sum.
     const float n = __bfloat162float(__float2bfloat16_rn(p.x[r * p.dim + d] * inv));
     p.y[r * p.dim + d] = __float2bfloat16_rn(p.w[d] * n);
   }
@@ -101,11 +154,15 @@ struct BinaryParams {
 };
 
 __global__ void add_kernel(BinaryParams p) {
+  pdl_wait();
+  pdl_trigger();
   HLM_GRID_STRIDE(i, p.n) { p.y.set(i, p.a[i] + p.b[i]); }
 }
 
 // act(gate) · up with the CPU backend's formulas (cpu_kernels.h glu_value).
 __global__ void glu_kernel(BinaryParams p) {
+  pdl_wait();
+  pdl_trigger();
   HLM_GRID_STRIDE(i, p.n) {
     const float g = p.a[i], u = p.b[i];
     float v;
@@ -120,14 +177,20 @@ __global__ void glu_kernel(BinaryParams p) {
 }
 
 __global__ void sigmoid_kernel(BinaryParams p) {
+  pdl_wait();
+  pdl_trigger();
   HLM_GRID_STRIDE(i, p.n) { p.y.set(i, logistic(p.a[i])); }
 }
 
 __global__ void sigmoid_gate_kernel(BinaryParams p) {
+  pdl_wait();
+  pdl_trigger();
   HLM_GRID_STRIDE(i, p.n) { p.y.set(i, p.a[i] * logistic(p.b[i])); }
 }
 
 __global__ void convert_kernel(BinaryParams p) {
+  pdl_wait();
+  pdl_trigger();
   HLM_GRID_STRIDE(i, p.n) { p.y.set(i, p.a[i]); }
 }
 
@@ -145,6 +208,8 @@ struct Copy2dParams {
 
 template <class Elem>
 __global__ void copy2d_kernel(Copy2dParams<Elem> p) {
+  pdl_wait();
+  pdl_trigger();
   HLM_GRID_STRIDE(i, p.rows * p.cols) {
     const int64_t r = i / p.cols, c = i % p.cols;
     int64_t sr = r;
@@ -162,7 +227,7 @@ __global__ void copy2d_kernel(Copy2dParams<Elem> p) {
 template <class Elem>
 void launch_copy2d(const Copy2dParams<Elem>& p, cudaStream_t stream) {
   if (p.rows * p.cols == 0) return;
-  copy2d_kernel<Elem><<<grid_for(p.rows * p.cols), kThreads, 0, stream>>>(p);
+  launch_pdl(copy2d_kernel<Elem>, grid_for(p.rows * p.cols), kThreads, 0, stream, p);
   HLM_CHECK_LAUNCH("copy2d");
 }
 
@@ -205,6 +270,8 @@ struct TransposeParams {
 
 template <class Elem>
 __global__ void transpose01_kernel(TransposeParams<Elem> p) {
+  pdl_wait();
+  pdl_trigger();
   HLM_GRID_STRIDE(idx, p.a * p.b * p.inner) {
     const int64_t e = idx % p.inner, ij = idx / p.inner, j = ij % p.b, i = ij / p.b;
     p.dst[(j * p.a + i) * p.inner + e] = p.src[idx];
@@ -215,7 +282,7 @@ template <class Elem>
 void launch_transpose01(const TransposeParams<Elem>& p, cudaStream_t stream) {
   const int64_t n = p.a * p.b * p.inner;
   if (n == 0) return;
-  transpose01_kernel<Elem><<<grid_for(n), kThreads, 0, stream>>>(p);
+  launch_pdl(transpose01_kernel<Elem>, grid_for(n), kThreads, 0, stream, p);
   HLM_CHECK_LAUNCH("transpose01");
 }
 
@@ -244,7 +311,7 @@ __global__ void random_kernel(RandomParams p) {
 void launch_binary(void (*kernel)(BinaryParams), const BinaryParams& p, cudaStream_t stream,
                    const char* name) {
   if (p.n == 0) return;
-  kernel<<<grid_for(p.n), kThreads, 0, stream>>>(p);
+  launch_pdl(kernel, grid_for(p.n), kThreads, 0, stream, p);
   HLM_CHECK_LAUNCH(name);
 }
 
@@ -265,10 +332,18 @@ Tensor embedding(CudaContext& ctx, const Tensor& table, const Tensor& ids) {
                           table.dim(1),
                           ids.dim(0)};
   if (out.numel() > 0) {
-    embedding_kernel<<<grid_for(out.numel()), kThreads, 0, ctx.stream()>>>(p);
+    launch_pdl(embedding_kernel, grid_for(out.numel()), kThreads, 0, ctx.stream(), p);
     HLM_CHECK_LAUNCH("embedding");
   }
   return out;
+}
+
+void launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return;
+  // Rows wider than a 256-thread block keeps in registers (K3's 7168) take 512 threads.
+  const int threads = p.dim > kRmsCached * kThreads ? 2 * kThreads : kThreads;
+  launch_pdl(rms_norm_kernel, static_cast<unsigned>(p.rows), threads, 0, stream, p);
+  HLM_CHECK_LAUNCH("rms_norm");
 }
 
 Tensor rms_norm(CudaContext& ctx, const Tensor& x, const Tensor& w, float eps) {
@@ -277,11 +352,23 @@ Tensor rms_norm(CudaContext& ctx, const Tensor& x, const Tensor& w, float eps) {
   expect_cuda(w, "rms_norm", "w", {DType::kF32, DType::kBF16}, 1, "[D]");
   expect_dim(w, 0, x.dim(-1), "rms_norm", "w [D]", "the last dimension of x");
   Tensor y = ctx.empty(x.shape(), DType::kBF16);
-  const RmsNormParams p{in_of(x), in_of(w), static_cast<bf16*>(y.raw()), leading_rows(x), x.dim(-1), eps};
-  if (p.rows > 0) {
-    rms_norm_kernel<<<static_cast<unsigned>(p.rows), kThreads, 0, ctx.stream()>>>(p);
-    HLM_CHECK_LAUNCH("rms_norm");
-  }
+  const RmsNormParams p{in_of(x),  in_of(w), static_cast<bf16*>(y.raw()), leading_rows(x),
+                        x.dim(-1), eps,      In{nullptr, false},          Out{nullptr, false}};
+  launch_rms_norm(p, ctx.stream());
+  return y;
+}
+
+Tensor add_rms_norm(CudaContext& ctx, Tensor& h, const Tensor& a, const Tensor& w, float eps) {
+  expect_float(h, "add_rms_norm", "h [..., D]");
+  expect_float(a, "add_rms_norm", "a [..., D]");
+  expect_same_shape(h, a, "add_rms_norm", "h", "a");
+  HLM_CHECK(h.rank() >= 1, "add_rms_norm: h must have at least one dimension, got {}", h.describe());
+  expect_cuda(w, "add_rms_norm", "w", {DType::kF32, DType::kBF16}, 1, "[D]");
+  expect_dim(w, 0, h.dim(-1), "add_rms_norm", "w [D]", "the last dimension of h");
+  Tensor y = ctx.empty(h.shape(), DType::kBF16);
+  const RmsNormParams p{in_of(h), in_of(w), static_cast<bf16*>(y.raw()), leading_rows(h), h.dim(-1), eps,
+                        in_of(a), out_of(h)};
+  launch_rms_norm(p, ctx.stream());
   return y;
 }
 
@@ -344,6 +431,9 @@ Tensor slice_last(CudaContext& ctx, const Tensor& x, int64_t begin, int64_t end)
             "slice_last: columns [{}, {}) are outside [0, {}) of {}", begin, end, cols, x.describe());
   Shape shape = x.shape();
   shape.back() = end - begin;
+  // One row (a batch-1 decode step): the columns are contiguous, so the slice is a view and costs no
+  // kernel.
+  if (leading_rows(x) == 1) return x.reshape({cols}).slice(begin, end).reshape(shape);
   Tensor y = ctx.empty(shape, x.dtype());  // [..., end - begin]
   const size_t elem = dtype_size(x.dtype());
   copy2d(ctx, static_cast<const std::byte*>(x.raw()) + begin * elem, y.raw(), elem, leading_rows(x),

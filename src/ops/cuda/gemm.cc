@@ -1,5 +1,6 @@
 // Dense GEMMs through cuBLASLt: `linear` (x·wᵀ, the projections and lm_head) and `head_matmul` (one small
-// GEMM per head, as a strided batch: MLA's W_UK absorption and W_UV). Row-major tensors are handed to
+// GEMM per head, as a strided batch: MLA's W_UK absorption and W_UV). Decode-size linears (T <= 16 tokens,
+// BF16 weights) go to the weight-streaming kernel of skinny_gemm.cu instead. Row-major tensors are handed to
 // cuBLASLt as their column-major transposes, so y = x·wᵀ becomes yᵀ = w·xᵀ with w's buffer read
 // transposed. Inputs are converted to the weight's dtype (BF16, or F32 for an F32-stored weight), the
 // accumulation is fp32, and plans (layouts + the heuristic's algorithm) are cached per shape so a decode
@@ -127,9 +128,13 @@ Tensor linear(CudaContext& ctx, const Tensor& x, const Tensor& w, bool f32_out) 
   expect_cuda(w, "linear", "w", {DType::kBF16, DType::kF32}, 2, "[out, in]");
   expect_dim(w, 1, x.dim(1), "linear", "w [out, in]", "the input width of x [T, in]");
   const int64_t t = x.dim(0), in = x.dim(1), out = w.dim(0);
-  const Tensor xa = as_operand(ctx, x, w.dtype());
   Tensor y =
       ctx.empty({t, out}, f32_out || w.dtype() == DType::kF32 ? DType::kF32 : DType::kBF16);  // [T, out]
+  if (skinny_gemm_applies(x, w)) {
+    skinny_gemm(ctx, x, w, y);
+    return y;
+  }
+  const Tensor xa = as_operand(ctx, x, w.dtype());
   GemmShape s;
   s.trans_a = true;
   s.m = out;

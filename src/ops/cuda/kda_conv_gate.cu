@@ -7,6 +7,7 @@
 
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/kda_common.cuh"
+#include "ops/cuda/pdl.cuh"
 
 namespace hlm::cuda {
 namespace {
@@ -36,6 +37,8 @@ struct ShortConvParams {
 // can fall in two CTAs that both read the old cache.
 template <class XT>
 __global__ void __launch_bounds__(kConvThreads) short_conv_kernel(ShortConvParams<XT> p) {
+  pdl_wait();
+  pdl_trigger();
   __shared__ int row_pos[kConvRows];   // the row's index among its sequence's new tokens; -1: no sequence
   __shared__ int row_slot[kConvRows];  // the sequence's cache slot
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kConvRows;
@@ -88,6 +91,8 @@ __global__ void __launch_bounds__(kConvThreads) short_conv_kernel(ShortConvParam
 // correctly in place.
 template <class XT>
 __global__ void __launch_bounds__(kConvThreads) short_conv_state_kernel(ShortConvParams<XT> p) {
+  pdl_wait();
+  pdl_trigger();
   const int c = blockIdx.x * kConvThreads + threadIdx.x;
   const Span span = load_span(p.table, blockIdx.y);
   if (c >= p.channels || span.count <= 0 || span.slot < 0) return;
@@ -112,11 +117,11 @@ __global__ void __launch_bounds__(kConvThreads) short_conv_state_kernel(ShortCon
 template <class XT>
 void launch_short_conv(const ShortConvParams<XT>& p, cudaStream_t stream) {
   const dim3 conv_grid(blocks_for(p.channels, kConvThreads), blocks_for(p.rows, kConvRows));
-  short_conv_kernel<XT><<<conv_grid, kConvThreads, 0, stream>>>(p);
+  launch_pdl(short_conv_kernel<XT>, conv_grid, kConvThreads, 0, stream, p);
   HLM_CHECK_LAUNCH("short_conv_kernel");
   if (p.num_spans == 0 || p.width == 1) return;  // no cache to update
   const dim3 state_grid(blocks_for(p.channels, kConvThreads), p.num_spans);
-  short_conv_state_kernel<XT><<<state_grid, kConvThreads, 0, stream>>>(p);
+  launch_pdl(short_conv_state_kernel<XT>, state_grid, kConvThreads, 0, stream, p);
   HLM_CHECK_LAUNCH("short_conv_state_kernel");
 }
 
@@ -137,6 +142,8 @@ struct KdaGateParams {
 // One thread per element, grid-stride.
 template <class GT>
 __global__ void __launch_bounds__(kGateThreads) kda_gate_kernel(KdaGateParams<GT> p) {
+  pdl_wait();
+  pdl_trigger();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kGateThreads) + threadIdx.x; i < p.n;
        i += static_cast<int64_t>(gridDim.x) * kGateThreads) {
     const int c = static_cast<int>(i % p.width);
@@ -157,7 +164,7 @@ template <class GT>
 void launch_kda_gate(const KdaGateParams<GT>& p, cudaStream_t stream) {
   // Enough CTAs to fill the GPU several times over; the grid-stride loop takes the rest.
   const unsigned blocks = std::min<unsigned>(blocks_for(p.n, kGateThreads), 65535u);
-  kda_gate_kernel<GT><<<blocks, kGateThreads, 0, stream>>>(p);
+  launch_pdl(kda_gate_kernel<GT>, blocks, kGateThreads, 0, stream, p);
   HLM_CHECK_LAUNCH("kda_gate_kernel");
 }
 
@@ -179,6 +186,8 @@ struct GatedRmsNormParams {
 // row from L1, so any V works with no shared memory.
 template <class OT, class GT>
 __global__ void __launch_bounds__(kNormThreads) gated_rms_norm_kernel(GatedRmsNormParams<OT, GT> p) {
+  pdl_wait();
+  pdl_trigger();
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kNormRowsPerBlock + (threadIdx.x >> 5);
   if (row >= p.rows) return;
@@ -200,7 +209,8 @@ __global__ void __launch_bounds__(kNormThreads) gated_rms_norm_kernel(GatedRmsNo
 
 template <class OT, class GT>
 void launch_gated_rms_norm(const GatedRmsNormParams<OT, GT>& p, cudaStream_t stream) {
-  gated_rms_norm_kernel<OT, GT><<<blocks_for(p.rows, kNormRowsPerBlock), kNormThreads, 0, stream>>>(p);
+  launch_pdl(gated_rms_norm_kernel<OT, GT>, blocks_for(p.rows, kNormRowsPerBlock), kNormThreads, 0, stream,
+             p);
   HLM_CHECK_LAUNCH("gated_rms_norm_kernel");
 }
 

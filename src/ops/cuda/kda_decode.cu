@@ -13,6 +13,7 @@
 // span table is host-written metadata), so it can be added without reordering.
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/kda_common.cuh"
+#include "ops/cuda/pdl.cuh"
 
 namespace hlm::cuda {
 namespace {
@@ -113,6 +114,8 @@ __device__ __forceinline__ void store4_bf16(__nv_bfloat16* p, float4 v) {
 // the update) are a warp butterfly plus one shared-memory step. A row that no span covers gets zeros.
 template <int D, class XT>
 __global__ void __launch_bounds__(DecodeTile<D>::kThreads) kda_decode_kernel(KdaDecodeParams<XT> p) {
+  pdl_wait();
+  pdl_trigger();
   using Tile = DecodeTile<D>;
   __shared__ Span span_shared;
   __shared__ float q_sh[D], k_sh[D], decay_sh[D];  // raw q and k (the norm factors apply on use), exp(g)
@@ -178,6 +181,8 @@ constexpr int kGenericThreads = 128;
 // L1/L2), which is why the common sizes have the tiled kernel.
 template <class XT>
 __global__ void __launch_bounds__(kGenericThreads) kda_decode_generic_kernel(KdaDecodeParams<XT> p) {
+  pdl_wait();
+  pdl_trigger();
   extern __shared__ float generic_sh[];  // q, k, exp(g): [3][K]
   __shared__ Span span_shared;
   __shared__ float2 norm_scratch[32];
@@ -223,7 +228,7 @@ template <int D, class XT>
 void launch_kda_decode(const KdaDecodeParams<XT>& p, int64_t rows, cudaStream_t stream) {
   using Tile = DecodeTile<D>;
   const dim3 grid(Tile::kSplits, p.heads, static_cast<unsigned>(rows));
-  kda_decode_kernel<D, XT><<<grid, Tile::kThreads, 0, stream>>>(p);
+  launch_pdl(kda_decode_kernel<D, XT>, grid, Tile::kThreads, 0, stream, p);
   HLM_CHECK_LAUNCH("kda_decode_kernel");
 }
 
@@ -231,7 +236,7 @@ template <class XT>
 void launch_kda_decode_generic(const KdaDecodeParams<XT>& p, int64_t rows, cudaStream_t stream) {
   const dim3 grid(1, p.heads, static_cast<unsigned>(rows));
   const size_t smem = 3 * sizeof(float) * static_cast<size_t>(p.kdim);
-  kda_decode_generic_kernel<XT><<<grid, kGenericThreads, smem, stream>>>(p);
+  launch_pdl(kda_decode_generic_kernel<XT>, grid, kGenericThreads, smem, stream, p);
   HLM_CHECK_LAUNCH("kda_decode_generic_kernel");
 }
 

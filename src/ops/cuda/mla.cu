@@ -19,6 +19,7 @@
 
 #include "ops/cuda/cuda_kernels.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/pdl.cuh"
 
 namespace hlm::cuda {
 
@@ -200,6 +201,8 @@ __device__ void zero_uncovered_rows(const MlaParams& p, int spare, int num_spare
 // columns] += P·V. An m16 tile past the block's last row skips its MMAs.
 template <class Shape, class TQ>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaParams p) {
+  pdl_wait();
+  pdl_trigger();
   constexpr int kD = Shape::kD, kLd = Shape::kLd;
   constexpr int kWarpCols = Shape::kV / kWarps;  // value columns of one warp
   constexpr int kColTiles = kWarpCols / 8;       // n8 tiles of one warp
@@ -404,7 +407,7 @@ void launch_mla_attention(const MlaParams& p, dim3 grid, cudaStream_t stream) {
   static const cudaError_t opt_in = cudaFuncSetAttribute(
       mla_attention_kernel<Shape, TQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes);
   HLM_CUDA_CHECK(opt_in);
-  mla_attention_kernel<Shape, TQ><<<grid, kThreads, Shape::kSmemBytes, stream>>>(p);
+  launch_pdl(mla_attention_kernel<Shape, TQ>, grid, kThreads, Shape::kSmemBytes, stream, p);
   HLM_CHECK_LAUNCH("mla_attention");
 }
 
@@ -427,6 +430,8 @@ constexpr int kCombineGroups = kCombineThreads / kCombineCols;  // sources are d
 // sources group, group+4, ... (so a long source list is read by 4 chains in parallel) and the groups are
 // added in shared memory. Sources of weight 0 (empty: (-inf, 0)) are never read.
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineParams p) {
+  pdl_wait();
+  pdl_trigger();
   extern __shared__ float weight[];  // [sources]
   __shared__ float scratch[32];
   __shared__ float group_sum[kCombineGroups][kCombineCols];
@@ -470,7 +475,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
 void launch_combine(const CombineParams& p, cudaStream_t stream) {
   if (p.rows == 0 || p.v_dim == 0) return;
   const dim3 grid(static_cast<unsigned>(p.rows), blocks_for(p.v_dim, kCombineCols));
-  combine_kernel<<<grid, kCombineThreads, p.sources * sizeof(float), stream>>>(p);
+  launch_pdl(combine_kernel, grid, kCombineThreads, p.sources * sizeof(float), stream, p);
   HLM_CHECK_LAUNCH("lse_combine");
 }
 
@@ -486,6 +491,8 @@ struct CacheWriteParams {
 // One warp per row; a negative slot (another rank's token) skips the row, and so does a slot past the
 // cache (the host cannot see device slots; writing there would corrupt other memory).
 __global__ void cache_write_kernel(const CacheWriteParams p) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
   if (row >= p.rows) return;
   const int64_t slot = p.slots[row];
@@ -516,7 +523,7 @@ void cache_write(CudaContext& ctx, const Tensor& entries, const Tensor& slots, T
                      cache.dim(0) * cache.dim(1)};
   if (p.rows == 0) return;
   constexpr int kRowsPerBlock = 8;
-  cache_write_kernel<<<blocks_for(p.rows, kRowsPerBlock), kRowsPerBlock * 32, 0, ctx.stream()>>>(p);
+  launch_pdl(cache_write_kernel, blocks_for(p.rows, kRowsPerBlock), kRowsPerBlock * 32, 0, ctx.stream(), p);
   HLM_CHECK_LAUNCH("cache_write");
 }
 

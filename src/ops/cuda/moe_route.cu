@@ -6,6 +6,7 @@
 
 #include "ops/cuda/cuda_kernels.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/pdl.cuh"
 
 namespace hlm::cuda {
 
@@ -50,6 +51,8 @@ struct RouterLogitsParams {
 // shared by the CTA's warps through L1.
 template <class XT, class WT, int kTok>
 __global__ void __launch_bounds__(kLogitWarps * 32) router_logits_kernel(RouterLogitsParams p) {
+  pdl_wait();
+  pdl_trigger();
   __shared__ float partial[kLogitWarps][kTok];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slice = warp % kLogitSplit;
   const int64_t e = static_cast<int64_t>(blockIdx.x) * kLogitExperts + warp / kLogitSplit;
@@ -97,11 +100,11 @@ void launch_router_logits(const RouterLogitsParams& p, cudaStream_t stream) {
   const unsigned expert_blocks = blocks_for(p.experts, kLogitExperts);
   // Decode batches take one token tile; prefill shares each expert row among 32 tokens.
   if (p.tokens <= 8) {
-    router_logits_kernel<XT, WT, 8>
-        <<<dim3(expert_blocks, blocks_for(p.tokens, 8)), kLogitWarps * 32, 0, stream>>>(p);
+    launch_pdl(router_logits_kernel<XT, WT, 8>, dim3(expert_blocks, blocks_for(p.tokens, 8)),
+               kLogitWarps * 32, 0, stream, p);
   } else {
-    router_logits_kernel<XT, WT, 32>
-        <<<dim3(expert_blocks, blocks_for(p.tokens, 32)), kLogitWarps * 32, 0, stream>>>(p);
+    launch_pdl(router_logits_kernel<XT, WT, 32>, dim3(expert_blocks, blocks_for(p.tokens, 32)),
+               kLogitWarps * 32, 0, stream, p);
   }
   HLM_CHECK_LAUNCH("router_logits_kernel");
 }
@@ -154,6 +157,8 @@ __device__ __forceinline__ float ranked(float v) { return isnan(v) ? -INFINITY :
 //  4. The raw scores of the chosen experts, summed in selection order, give the weights.
 template <int kVpl>
 __global__ void __launch_bounds__(kSelectWarps * 32) router_select_kernel(RouterSelectParams p) {
+  pdl_wait();
+  pdl_trigger();
   extern __shared__ float smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kSelectWarps + warp;
@@ -260,22 +265,22 @@ void launch_router_select(const RouterSelectParams& p, cudaStream_t stream) {
           : per_lane <= 16 ? 16
                            : 32) {
     case 1:
-      router_select_kernel<1><<<blocks, kSelectWarps * 32, smem, stream>>>(p);
+      launch_pdl(router_select_kernel<1>, blocks, kSelectWarps * 32, smem, stream, p);
       break;
     case 2:
-      router_select_kernel<2><<<blocks, kSelectWarps * 32, smem, stream>>>(p);
+      launch_pdl(router_select_kernel<2>, blocks, kSelectWarps * 32, smem, stream, p);
       break;
     case 4:
-      router_select_kernel<4><<<blocks, kSelectWarps * 32, smem, stream>>>(p);
+      launch_pdl(router_select_kernel<4>, blocks, kSelectWarps * 32, smem, stream, p);
       break;
     case 8:
-      router_select_kernel<8><<<blocks, kSelectWarps * 32, smem, stream>>>(p);
+      launch_pdl(router_select_kernel<8>, blocks, kSelectWarps * 32, smem, stream, p);
       break;
     case 16:
-      router_select_kernel<16><<<blocks, kSelectWarps * 32, smem, stream>>>(p);
+      launch_pdl(router_select_kernel<16>, blocks, kSelectWarps * 32, smem, stream, p);
       break;
     default:
-      router_select_kernel<32><<<blocks, kSelectWarps * 32, smem, stream>>>(p);
+      launch_pdl(router_select_kernel<32>, blocks, kSelectWarps * 32, smem, stream, p);
       break;
   }
   HLM_CHECK_LAUNCH("router_select_kernel");

@@ -1,0 +1,44 @@
+// Programmatic dependent launch (PDL, sm_90): a kernel launched with launch_pdl() may be scheduled while
+// the kernel before it on the stream is still running, so its launch latency and prologue overlap the
+// predecessor's tail instead of following it. Every kernel of a decode step is launched this way (the
+// prefill, sampling and random-fill kernels are plain launches) and opens with pdl_wait(); pdl_trigger();.
+// Rules for a kernel launched with launch_pdl():
+//  - before pdl_wait() it may only read memory no kernel of the step writes (weights), and write nothing;
+//    skinny_gemm.cu issues its first weight loads there;
+//  - every thread calls pdl_wait() before it reads an activation or writes anything. pdl_wait() returns
+//    once the predecessor grid has completed and its writes are visible (and that grid waited for its own
+//    predecessor the same way), so everything earlier on the stream is done.
+// pdl_trigger() lets the dependent grid be scheduled early (the dependent still waits for this grid's
+// completion), and costs nothing when no PDL launch follows. It comes after pdl_wait(): a kernel that
+// triggered before waiting would let its dependent trigger too, and a chain of waiting grids could pile
+// up on the SMs ahead of the one running.
+// Inside stream capture, a launch_pdl() becomes a programmatic edge of the CUDA graph.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "ops/cuda/cuda_check.h"
+
+namespace hlm::cuda {
+
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" :::); }
+
+// Launches `kernel` (one params argument) as a PDL dependent of the previous kernel on `stream`.
+template <class Params>
+void launch_pdl(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                const Params& p) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  HLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+}
+
+}  // namespace hlm::cuda
