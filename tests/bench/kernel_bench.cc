@@ -1,0 +1,201 @@
+// kernel_bench: helixlm's CUDA KDA and MLA ops at the shapes of the speed issue (docs/benchmarks.md,
+// "Kernels against peers"), timed the way tools/bench_kernels.py times the peers in the same job: a decode
+// op is captured kCalls times back to back in one CUDA graph and the graph replayed (time per call, so
+// launch gaps count as they do inside a decode step); a prefill op runs eagerly. Inputs are random values
+// generated on the GPU. Prints one JSON object per case: the op, the shape, the median time and the bytes
+// the op must move over the copy bandwidth measured in the same process.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/log.h"
+#include "ops/backend.h"
+#include "ops/ops.h"
+
+namespace hlm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kCalls = 20;   // op calls per captured graph
+constexpr int kRepeats = 7;  // timed replays (or eager runs); the median is reported
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double seconds_of(Ops& ops, const std::function<void()>& run) {
+  ops.synchronize();
+  const auto t = Clock::now();
+  run();
+  ops.synchronize();
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Seconds per call of `op`, kCalls calls captured in one graph and replayed.
+double graph_seconds_per_call(Ops& ops, const std::function<void()>& op) {
+  ops.begin_step();
+  op();  // lazy set-up outside the capture
+  ops.end_step();
+  ops.begin_step();
+  std::unique_ptr<StepGraph> graph = ops.capture([&] {
+    for (int i = 0; i < kCalls; ++i) op();
+  });
+  ops.end_step();
+  HLM_CHECK(graph != nullptr, "kernel_bench: the backend made no CUDA graph");
+  graph->replay();
+  std::vector<double> t;
+  for (int r = 0; r < kRepeats; ++r) t.push_back(seconds_of(ops, [&] { graph->replay(); }) / kCalls);
+  return median(t);
+}
+
+double eager_seconds(Ops& ops, const std::function<void()>& op) {
+  auto once = [&] {
+    ops.begin_step();
+    op();
+    ops.end_step();
+  };
+  once();
+  std::vector<double> t;
+  for (int r = 0; r < 3; ++r) t.push_back(seconds_of(ops, once));
+  return median(t);
+}
+
+double copy_bandwidth(Ops& ops) {
+  Tensor a = ops.zeros({int64_t{2} << 30}, DType::kU8), b = ops.zeros({int64_t{2} << 30}, DType::kU8);
+  std::vector<double> rates;
+  for (int r = 0; r < 5; ++r)
+    rates.push_back(2.0 * static_cast<double>(a.nbytes()) / seconds_of(ops, [&] { ops.copy(a, b); }));
+  return median(rates);
+}
+
+Tensor random_tensor(Ops& ops, const Shape& shape, DType dtype, float scale, float offset, uint64_t seed) {
+  Tensor t = ops.empty(shape, dtype);
+  ops.random_fill(t, RandomFill{scale, offset, 0, 255, seed});
+  return t;
+}
+
+Tensor device_i32(Ops& ops, const Shape& shape, const std::vector<int32_t>& values) {
+  return ops.upload(Tensor::from_vector_i32(shape, values));
+}
+
+SeqBatch seq_batch(Ops& ops, int64_t seqs, int64_t tokens_each) {
+  std::vector<SeqSpan> spans;
+  std::vector<int32_t> table;
+  for (int64_t s = 0; s < seqs; ++s) {
+    spans.push_back(SeqSpan{s * tokens_each, tokens_each, static_cast<int32_t>(s)});
+    table.insert(table.end(), {static_cast<int32_t>(s * tokens_each), static_cast<int32_t>(tokens_each),
+                               static_cast<int32_t>(s)});
+  }
+  SeqBatch b(spans);
+  b.table = device_i32(ops, {seqs, 3}, table);
+  return b;
+}
+
+void print(nlohmann::json j, double seconds, double bytes, double bandwidth) {
+  j["us"] = seconds * 1e6;
+  j["bytes"] = bytes;
+  j["gb_s"] = bytes / seconds / 1e9;
+  j["fraction_of_copy_bandwidth"] = bytes / seconds / bandwidth;
+  std::cout << j.dump() << std::endl;
+}
+
+constexpr int64_t kHeads = 32, kDim = 128;
+
+// KDA recurrent decode, one token per sequence: the fp32 state [B, H, K, V] read and written.
+void kda_decode_case(Ops& ops, int64_t batch, double bw) {
+  Tensor q = random_tensor(ops, {batch, kHeads, kDim}, DType::kBF16, 1.0f, 0.0f, 1);
+  Tensor k = random_tensor(ops, {batch, kHeads, kDim}, DType::kBF16, 1.0f, 0.0f, 2);
+  Tensor v = random_tensor(ops, {batch, kHeads, kDim}, DType::kBF16, 1.0f, 0.0f, 3);
+  Tensor g = random_tensor(ops, {batch, kHeads, kDim}, DType::kF32, 0.05f, -0.1f, 4);  // log decays < 0
+  Tensor beta = random_tensor(ops, {batch, kHeads}, DType::kF32, 0.4f, 0.5f, 5);
+  Tensor state = random_tensor(ops, {batch, kHeads, kDim, kDim}, DType::kF32, 0.05f, 0.0f, 6);
+  const SeqBatch seqs = seq_batch(ops, batch, 1);
+  const double t = graph_seconds_per_call(ops, [&] { ops.kda_decode(q, k, v, g, beta, seqs, state); });
+  const double bytes = 2.0 * static_cast<double>(state.nbytes());
+  print({{"op", "kda_decode"}, {"batch", batch}, {"heads", kHeads}, {"dim", kDim}}, t, bytes, bw);
+}
+
+// KDA chunked prefill of `batch` sequences of `tokens` each, from a zero state.
+void kda_prefill_case(Ops& ops, int64_t batch, int64_t tokens, double bw) {
+  const int64_t rows = batch * tokens;
+  Tensor q = random_tensor(ops, {rows, kHeads, kDim}, DType::kBF16, 1.0f, 0.0f, 11);
+  Tensor k = random_tensor(ops, {rows, kHeads, kDim}, DType::kBF16, 1.0f, 0.0f, 12);
+  Tensor v = random_tensor(ops, {rows, kHeads, kDim}, DType::kBF16, 1.0f, 0.0f, 13);
+  Tensor g = random_tensor(ops, {rows, kHeads, kDim}, DType::kF32, 0.05f, -0.1f, 14);
+  Tensor beta = random_tensor(ops, {rows, kHeads}, DType::kF32, 0.4f, 0.5f, 15);
+  Tensor state = ops.zeros({batch, kHeads, kDim, kDim}, DType::kF32);
+  const SeqBatch seqs = seq_batch(ops, batch, tokens);
+  const double t = eager_seconds(ops, [&] { ops.kda_prefill(q, k, v, g, beta, seqs, state); });
+  const double bytes = static_cast<double>(q.nbytes() * 4 + g.nbytes() + beta.nbytes());  // q k v o, g, beta
+  nlohmann::json j{
+      {"op", "kda_prefill"}, {"batch", batch}, {"tokens", tokens}, {"heads", kHeads}, {"dim", kDim}};
+  j["tokens_per_s"] = static_cast<double>(rows) / t;
+  print(j, t, bytes, bw);
+}
+
+// MLA absorbed decode over paged latent KV: `keys` keys per sequence, one query per sequence, latent 512
+// + rope 64 per key (Kimi-Linear-48B), pages of 64 tokens.
+void mla_decode_case(Ops& ops, int64_t batch, int64_t heads, int64_t keys, double bw) {
+  constexpr int64_t kLatent = 512, kCacheDim = 576, kPage = 64;
+  const int64_t pages_each = (keys + kPage - 1) / kPage, pages = batch * pages_each;
+  Tensor q = random_tensor(ops, {batch, heads, kCacheDim}, DType::kBF16, 1.0f, 0.0f, 21);
+  Tensor cache = random_tensor(ops, {pages, kPage, kCacheDim}, DType::kBF16, 1.0f, 0.0f, 22);
+  std::vector<int32_t> page_ids(pages), table, kv_len(batch, static_cast<int32_t>(keys));
+  std::vector<MlaSeq> seqs;
+  for (int64_t p = 0; p < pages; ++p) page_ids[p] = static_cast<int32_t>(p);
+  for (int64_t s = 0; s < batch; ++s) {
+    seqs.push_back(MlaSeq{s, 1, s * pages_each, pages_each});
+    table.insert(table.end(), {static_cast<int32_t>(s), 1, static_cast<int32_t>(s * pages_each),
+                               static_cast<int32_t>(pages_each)});
+  }
+  MlaBatch mla(seqs);
+  mla.table = device_i32(ops, {batch, 4}, table);
+  const Tensor page_table = device_i32(ops, {pages}, page_ids);
+  const Tensor lens = device_i32(ops, {batch}, kv_len);
+  Tensor out = ops.empty({batch, heads, kLatent}, DType::kF32);
+  Tensor stats = ops.empty({batch, heads, 2}, DType::kF32);
+  const double t = graph_seconds_per_call(
+      ops, [&] { ops.mla_attention(q, cache, page_table, mla, lens, 0.0625f, kLatent, out, stats); });
+  const double bytes = static_cast<double>(batch * keys * kCacheDim * 2);
+  print({{"op", "mla_decode"}, {"batch", batch}, {"heads", heads}, {"keys", keys}, {"cache_dim", kCacheDim}},
+        t, bytes, bw);
+}
+
+int run() {
+  std::string why;
+  if (cuda_device_count(&why) == 0) {
+    std::cerr << "kernel_bench: no GPU: " << why << "\n";
+    return 1;
+  }
+  std::unique_ptr<Ops> ops = make_ops(Device::kCuda, BackendOptions{});
+  ops->reserve_workspace(int64_t{32} << 30);
+  const double bw = copy_bandwidth(*ops);
+  std::cout << nlohmann::json{{"op", "copy"}, {"gb_s", bw / 1e9}}.dump() << std::endl;
+  for (int64_t b : {1, 8, 64}) kda_decode_case(*ops, b, bw);
+  for (int64_t b : {1, 4}) {
+    for (int64_t t : {8192, 65536}) kda_prefill_case(*ops, b, t, bw);
+  }
+  for (int64_t heads : {32, 96}) {  // Kimi-Linear-48B, K3
+    for (int64_t b : {1, 8}) mla_decode_case(*ops, b, heads, 65536, bw);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace hlm
+
+int main() {
+  try {
+    return hlm::run();
+  } catch (const std::exception& e) {
+    std::cerr << "kernel_bench: " << e.what() << "\n";
+    return 1;
+  }
+}
