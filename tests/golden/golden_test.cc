@@ -25,11 +25,6 @@ class Golden : public ::testing::TestWithParam<std::string> {
     comm_ = make_single_comm();
     runner_ = std::make_unique<Runner>(golden_.model_dir, Mapping::make(1, 1, 0), *comm_);
   }
-  static std::vector<int32_t> full_sequence(const GoldenPrompt& p) {
-    std::vector<int32_t> ids = p.ids;
-    ids.insert(ids.end(), p.greedy.begin(), p.greedy.end());
-    return ids;
-  }
   void report(const std::string& what, size_t prompt, float err) {
     std::cout << "[golden] " << GetParam() << " prompt " << prompt << " (len "
               << golden_.prompts[prompt].ids.size() << ") " << what << " max|dlogit| = " << err << "\n";
@@ -43,7 +38,7 @@ class Golden : public ::testing::TestWithParam<std::string> {
 TEST_P(Golden, PrefillLogitsMatchReference) {
   for (size_t i = 0; i < golden_.prompts.size(); ++i) {
     const GoldenPrompt& p = golden_.prompts[i];
-    const std::vector<int32_t> ids = full_sequence(p);
+    const std::vector<int32_t> ids = p.full_sequence();
     Tensor got = sequence_logits(runner_->engine(), 1, ids, static_cast<int64_t>(ids.size()));
     const float err = max_abs_diff(got, p.logits);
     report("prefill", i, err);
@@ -54,7 +49,7 @@ TEST_P(Golden, PrefillLogitsMatchReference) {
 TEST_P(Golden, DecodePathLogitsMatchReference) {
   for (size_t i = 0; i < golden_.prompts.size(); ++i) {
     const GoldenPrompt& p = golden_.prompts[i];
-    const std::vector<int32_t> ids = full_sequence(p);
+    const std::vector<int32_t> ids = p.full_sequence();
     Tensor got = sequence_logits(runner_->engine(), 1, ids, static_cast<int64_t>(p.ids.size()));
     const float err = max_abs_diff(got, p.logits);
     report("prefill prompt + decode", i, err);
@@ -64,7 +59,7 @@ TEST_P(Golden, DecodePathLogitsMatchReference) {
 
 TEST_P(Golden, EveryTokenThroughDecodeMatchesReference) {
   const GoldenPrompt& p = golden_.prompts.back();
-  const std::vector<int32_t> ids = full_sequence(p);
+  const std::vector<int32_t> ids = p.full_sequence();
   Tensor got = sequence_logits(runner_->engine(), 1, ids, 0);
   const float err = max_abs_diff(got, p.logits);
   report("decode only", golden_.prompts.size() - 1, err);
@@ -73,7 +68,7 @@ TEST_P(Golden, EveryTokenThroughDecodeMatchesReference) {
 
 TEST_P(Golden, ChunkedPrefillEqualsOneShot) {
   const GoldenPrompt& p = golden_.prompts.back();
-  const std::vector<int32_t> ids = full_sequence(p);
+  const std::vector<int32_t> ids = p.full_sequence();
   const auto len = static_cast<int64_t>(ids.size());
   Tensor one_shot = sequence_logits(runner_->engine(), 1, ids, len);
   for (int64_t chunk : {1, 7, 64, 100}) {
@@ -110,7 +105,7 @@ TEST_P(Golden, MixedBatchEqualsEachSequenceAlone) {
   std::vector<std::vector<int32_t>> seqs;
   std::vector<Tensor> solo;
   for (const GoldenPrompt& p : golden_.prompts) {
-    seqs.push_back(full_sequence(p));
+    seqs.push_back(p.full_sequence());
     solo.push_back(sequence_logits(runner_->engine(), 1, seqs.back(), static_cast<int64_t>(p.ids.size())));
   }
   // All sequences in the same steps: each feeds its prompt in chunks of 16, then one token per step, so

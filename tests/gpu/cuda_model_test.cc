@@ -33,12 +33,6 @@ constexpr double kOverReferenceBf16 = 2.0;
 // order its sums differently.
 constexpr double kGraphRelL2 = 1e-5;
 
-std::vector<int32_t> full_sequence(const GoldenPrompt& p) {
-  std::vector<int32_t> ids = p.ids;
-  ids.insert(ids.end(), p.greedy.begin(), p.greedy.end());
-  return ids;
-}
-
 class CudaGolden : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -82,7 +76,7 @@ TEST_P(CudaGolden, LogitsMatchReferenceThroughPrefillAndDecode) {
   auto r = runner(false);
   for (size_t i = 0; i < golden_.prompts.size(); ++i) {
     const GoldenPrompt& p = golden_.prompts[i];
-    const std::vector<int32_t> ids = full_sequence(p);
+    const std::vector<int32_t> ids = p.full_sequence();
     const double prefill =
         rel_l2(sequence_logits(r->engine(), 1, ids, static_cast<int64_t>(ids.size())), p.logits);
     const double decode =
@@ -124,7 +118,7 @@ TEST_P(CudaGolden, GraphDecodeEqualsEagerDecode) {
   auto eager = runner(false);
   auto graphs = runner(true);
   const GoldenPrompt& p = golden_.prompts.back();
-  const std::vector<int32_t> ids = full_sequence(p);
+  const std::vector<int32_t> ids = p.full_sequence();
   const auto prompt = static_cast<int64_t>(p.ids.size());
   const Tensor a = sequence_logits(eager->engine(), 1, ids, prompt);
   const Tensor b = sequence_logits(graphs->engine(), 1, ids, prompt);

@@ -49,12 +49,6 @@ EngineOptions engine_options(bool graphs) {
   return o;
 }
 
-std::vector<int32_t> full_sequence(const GoldenPrompt& p) {
-  std::vector<int32_t> ids = p.ids;
-  ids.insert(ids.end(), p.greedy.begin(), p.greedy.end());
-  return ids;
-}
-
 class GpuHelix : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -97,7 +91,7 @@ void GpuHelix::logits_and_greedy_ids_match_one_gpu(bool graphs) {
                             std::to_string(g_cp) + (graphs ? " graphs " : " eager ") + GetParam();
   for (size_t i = 0; i < golden_.prompts.size(); ++i) {
     const GoldenPrompt& p = golden_.prompts[i];
-    const std::vector<int32_t> ids = full_sequence(p);
+    const std::vector<int32_t> ids = p.full_sequence();
     const auto prompt_len = static_cast<int64_t>(p.ids.size());
     // Prefill in chunks that straddle pages and ranks, then decode every continuation token.
     const Tensor got = sequence_logits(engine, 1, ids, prompt_len, kPrefillChunk);
@@ -151,7 +145,7 @@ TEST_P(GpuHelix, EveryRankReadsItsPlannedBytesAndHoldsItsPages) {
   auto helix = helix_runner(false);
   expect_weight_bytes_equal_plan(*helix, golden_.model_dir, mapping());
   expect_each_rank_holds_its_pages(helix->engine(), *g_comm, mapping(),
-                                   full_sequence(golden_.prompts.back()));
+                                   golden_.prompts.back().full_sequence());
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuHelix, ::testing::ValuesIn(golden_case_names()), [](const auto& info) {

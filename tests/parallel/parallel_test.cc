@@ -38,12 +38,6 @@ EngineOptions engine_options() {
   return o;
 }
 
-std::vector<int32_t> full_sequence(const GoldenPrompt& p) {
-  std::vector<int32_t> ids = p.ids;
-  ids.insert(ids.end(), p.greedy.begin(), p.greedy.end());
-  return ids;
-}
-
 class Helix : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -74,7 +68,7 @@ TEST_P(Helix, LogitsAndGreedyIdsMatchSingleRank) {
   Runner single(golden_.model_dir, Mapping::make(1, 1, 0), *single_comm, engine_options());
   for (size_t i = 0; i < golden_.prompts.size(); ++i) {
     const GoldenPrompt& p = golden_.prompts[i];
-    const std::vector<int32_t> ids = full_sequence(p);
+    const std::vector<int32_t> ids = p.full_sequence();
     const auto prompt_len = static_cast<int64_t>(p.ids.size());
     // Prefill in chunks that straddle pages and ranks, then decode every continuation token.
     Tensor helix = sequence_logits(engine, 1, ids, prompt_len, 23);
@@ -99,7 +93,7 @@ TEST_P(Helix, LogitsAndGreedyIdsMatchSingleRank) {
 
 TEST_P(Helix, EveryRankHoldsExactlyItsPages) {
   expect_each_rank_holds_its_pages(runner_->engine(), *g_comm, mapping(),
-                                   full_sequence(golden_.prompts.back()));
+                                   golden_.prompts.back().full_sequence());
 }
 
 TEST_P(Helix, WeightBytesReadEqualPlan) {
@@ -108,7 +102,7 @@ TEST_P(Helix, WeightBytesReadEqualPlan) {
 
 TEST_P(Helix, WarmupLeavesLiveResultsUnchanged) {
   const GoldenPrompt& p = golden_.prompts.back();
-  const std::vector<int32_t> ids = full_sequence(p);
+  const std::vector<int32_t> ids = p.full_sequence();
   Runner warm(golden_.model_dir, mapping(), *g_comm, engine_options());
   warm.engine().warmup();  // every rank, collectively
   ASSERT_TRUE(warm.engine().warmed_up());

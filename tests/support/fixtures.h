@@ -17,6 +17,12 @@ struct GoldenPrompt {
   std::vector<int32_t> ids;     // the prompt
   std::vector<int32_t> greedy;  // the reference's greedy continuation
   Tensor logits;                // [len(ids) + len(greedy), vocab]: one pass over prompt + continuation
+  // The prompt followed by the greedy continuation: the tokens `logits` covers.
+  std::vector<int32_t> full_sequence() const {
+    std::vector<int32_t> all = ids;
+    all.insert(all.end(), greedy.begin(), greedy.end());
+    return all;
+  }
 };
 
 struct GoldenCase {
