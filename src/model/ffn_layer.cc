@@ -41,16 +41,26 @@ void load_experts(WeightSource& w, Ops& ops, const std::string& prefix, Range ex
 
 }  // namespace
 
+void GluMlp::load(Ops& ops, WeightSource& w, const std::string& prefix, const char* gate_name,
+                  const char* up_name, const char* down_name) {
+  const std::string gate_key = prefix + gate_name, up_key = prefix + up_name;
+  const Shape shape = w.shard_shape(gate_key);  // [I_local, hidden]
+  HLM_CHECK(shape.size() == 2 && w.shard_shape(up_key) == shape,
+            "tensors '{}' and '{}': the gate and up projections must have one 2-D shape, got {} and {}",
+            w.spec(gate_key).name, w.spec(up_key).name, shape_str(shape), shape_str(w.shard_shape(up_key)));
+  gate_up = ops.empty({2 * shape[0], shape[1]}, ops.weight_dtype(w.stored_dtype(gate_key)));
+  w.load_into(gate_key, gate_up.slice(0, shape[0]));
+  w.load_into(up_key, gate_up.slice(shape[0], 2 * shape[0]));
+  down = w.load(prefix + down_name);
+}
+
 Tensor GluMlp::partial(Ops& ops, const Tensor& x, const ActivationParams& act) const {
-  Tensor h = ops.glu(ops.linear(x, gate), ops.linear(x, up), act);  // [T, I_local]
-  return ops.linear(h, down);                                       // [T, hidden]
+  Tensor h = ops.glu_packed(ops.linear(x, gate_up), act);  // [T, I_local]
+  return ops.linear(h, down);                              // [T, hidden]
 }
 
 DenseLayer::DenseLayer(const LayerEnv& env, int layer, WeightSource& w) {
-  const std::string k = fmt::format("layers.{}.mlp.", layer);
-  mlp_.gate = w.load(k + "gate_proj");
-  mlp_.up = w.load(k + "up_proj");
-  mlp_.down = w.load(k + "down_proj");
+  mlp_.load(env.ops, w, fmt::format("layers.{}.mlp.", layer), "gate_proj", "up_proj", "down_proj");
 }
 
 Tensor DenseLayer::forward(const LayerEnv& env, const Tensor& x) {
@@ -84,9 +94,7 @@ MoeLayer::MoeLayer(const LayerEnv& env, int layer, WeightSource& w) {
   }
   has_shared_ = c.num_shared_experts > 0;
   if (has_shared_) {
-    shared_.gate = w.load(k + "shared_gate");
-    shared_.up = w.load(k + "shared_up");
-    shared_.down = w.load(k + "shared_down");
+    shared_.load(ops, w, k, "shared_gate", "shared_up", "shared_down");
   }
 }
 

@@ -9,12 +9,15 @@
 
 namespace hlm {
 
-// act(x·gateᵀ) ⊙ (x·upᵀ) · downᵀ with this rank's rows of the intermediate; a partial sum under TP.
+// act(x·gateᵀ) ⊙ (x·upᵀ) · downᵀ with this rank's rows of the intermediate; a partial sum under TP. gate
+// and up live in one tensor, so one GEMM computes both (one weight stream and one launch fewer per step).
 struct GluMlp {
-  Tensor gate;  // [I_local, hidden]
-  Tensor up;    // [I_local, hidden]
-  Tensor down;  // [hidden, I_local]
+  Tensor gate_up;  // [2·I_local, hidden]: the gate rows, then the up rows
+  Tensor down;     // [hidden, I_local]
 
+  // Loads the checkpoint's gate, up and down tensors (keys prefix + names) of this rank.
+  void load(Ops& ops, WeightSource& w, const std::string& prefix, const char* gate_name, const char* up_name,
+            const char* down_name);
   Tensor partial(Ops& ops, const Tensor& x, const ActivationParams& act) const;
 };
 

@@ -85,16 +85,24 @@ Tensor KdaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext
   Tensor v = ops.slice_last(qkv, 2 * dl, 3 * dl).reshape({t, hl, hd});
 
   Tensor graw = ops.linear(ops.linear(x, f_a_), f_b_);  // [T, Dl]
-  const auto lower_bound = static_cast<float>(env.cfg.kda_gate_lower_bound);
-  Tensor g = ops.kda_gate(graw, a_log_, dt_bias_, lower_bound).reshape({t, hl, hd});  // [T, Hl, K]
-  Tensor beta = ops.sigmoid(ops.linear(x, b_proj_));                                  // [T, Hl]
-
-  Tensor o = ctx.decode_only ? ops.kda_decode(q, k, v, g, beta, ctx.seqs, recurrent_state_)
-                             : ops.kda_prefill(q, k, v, g, beta, ctx.seqs, recurrent_state_);  // [T, Hl, V]
-
+  Tensor beta_logits = ops.linear(x, b_proj_);          // [T, Hl]
   Tensor gate = (g_proj_.defined() ? ops.linear(x, g_proj_) : ops.linear(ops.linear(x, g_a_), g_b_))
                     .reshape({t, hl, hd});  // [T, Hl, V]
-  Tensor y = ops.gated_rms_norm(o, gate, o_norm_, static_cast<float>(env.cfg.rms_norm_eps));
+  KdaHeadParams hp;
+  hp.a_log = a_log_;
+  hp.dt_bias = dt_bias_;
+  hp.lower_bound = static_cast<float>(env.cfg.kda_gate_lower_bound);
+  hp.o_norm = o_norm_;
+  hp.eps = static_cast<float>(env.cfg.rms_norm_eps);
+
+  Tensor y;  // [T, Hl, V]
+  if (ctx.decode_only) {
+    y = ops.kda_decode_gated(q, k, v, graw, beta_logits, gate, hp, ctx.seqs, recurrent_state_);
+  } else {
+    Tensor g = ops.kda_gate(graw, hp.a_log, hp.dt_bias, hp.lower_bound).reshape({t, hl, hd});  // [T, Hl, K]
+    Tensor o = ops.kda_prefill(q, k, v, g, ops.sigmoid(beta_logits), ctx.seqs, recurrent_state_);
+    y = ops.gated_rms_norm(o, gate, hp.o_norm, hp.eps);
+  }
   Tensor out = ops.linear(y.reshape({t, dl}), o_proj_);  // [T, hidden], this rank's partial sum
   env.comm.all_reduce_sum(out, CommGroup::kWorld);
   return out;

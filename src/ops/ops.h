@@ -124,6 +124,16 @@ struct RouterParams {
 // Throws naming `op`.
 void check_router_params(const RouterParams& p, int64_t experts, const char* op);
 
+// A KDA layer's per-head parameters around its recurrent core (docs/MODEL.md §5): the forget gate's A_log
+// [H] and dt_bias [H·K] with its lower bound (kda_gate), and the output norm's weight [V] and eps
+// (gated_rms_norm).
+struct KdaHeadParams {
+  Tensor a_log, dt_bias;
+  float lower_bound = 0.0f;
+  Tensor o_norm;
+  float eps = 1e-6f;
+};
+
 struct ActivationParams {
   Activation kind = Activation::kSilu;
   float situ_beta = 4.0f;          // SiTU only
@@ -200,6 +210,14 @@ class Ops {
   virtual void add_inplace(Tensor& y, const Tensor& x) = 0;
   // act(gate) · up, elementwise; gate, up [T, I].
   virtual Tensor glu(const Tensor& gate, const Tensor& up, const ActivationParams& act) = 0;
+  // glu of a fused gate|up projection: act(gate_up[:, :I]) · gate_up[:, I:]. gate_up [T, 2I] -> [T, I].
+  // Defined here through glu (the CPU reference); a device backend reads the two halves in place.
+  virtual Tensor glu_packed(const Tensor& gate_up, const ActivationParams& act) {
+    HLM_CHECK(gate_up.rank() == 2 && gate_up.dim(1) % 2 == 0,
+              "glu_packed: gate_up must be [T, 2I] with an even width, got {}", gate_up.describe());
+    const int64_t inter = gate_up.dim(1) / 2;
+    return glu(slice_last(gate_up, 0, inter), slice_last(gate_up, inter, 2 * inter), act);
+  }
   virtual Tensor sigmoid(const Tensor& x) = 0;
   // y ⊙= sigmoid(gate), elementwise, same shape (K3's MLA output gate).
   virtual void sigmoid_gate_inplace(Tensor& y, const Tensor& gate) = 0;
@@ -241,6 +259,18 @@ class Ops {
                             const Tensor& beta, const SeqBatch& seqs, Tensor& state) = 0;
   // Per head over V: w · rmsnorm(o, eps) · sigmoid(gate), all fp32. o, gate [T, H, V], w [V].
   virtual Tensor gated_rms_norm(const Tensor& o, const Tensor& gate, const Tensor& w, float eps) = 0;
+  // A KDA layer's decode from its projections to the normed output, in one op: g = kda_gate(graw), beta =
+  // sigmoid(beta_logits), o = kda_decode(q, k, v, g, beta) and gated_rms_norm(o, out_gate). graw [T, H·K],
+  // beta_logits [T, H], out_gate [T, H, V]; the rest as kda_decode. Defined here as exactly those four ops
+  // (the CPU reference); a device backend fuses them into the recurrence's kernel, whose o then stays
+  // fp32 where the separate ops round it to the activation dtype.
+  virtual Tensor kda_decode_gated(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& graw,
+                                  const Tensor& beta_logits, const Tensor& out_gate, const KdaHeadParams& hp,
+                                  const SeqBatch& seqs, Tensor& state) {
+    const Tensor g = kda_gate(graw, hp.a_log, hp.dt_bias, hp.lower_bound).reshape(q.shape());  // [T, H, K]
+    const Tensor beta = sigmoid(beta_logits);                                                  // [T, H]
+    return gated_rms_norm(kda_decode(q, k, v, g, beta, seqs, state), out_gate, hp.o_norm, hp.eps);
+  }
 
   // --- MLA --------------------------------------------------------------------------------------------
   // Writes rows of entries [T, D] into cache [pages, P, D] at flat slots [T] I64 (page·P + offset);

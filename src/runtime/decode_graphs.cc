@@ -101,7 +101,8 @@ void DecodeGraphs::fill(Bucket& b, const StepContext* ctx) {
 
 Tensor DecodeGraphs::run(const StepContext& ctx) {
   const size_t n = ctx.seqs.spans.size();
-  auto it = std::find_if(buckets_.begin(), buckets_.end(), [&](const Bucket& b) { return b.batch >= n; });
+  auto it = std::find_if(buckets_.begin(), buckets_.end(),
+                         [&](const Bucket& b) { return static_cast<size_t>(b.batch) >= n; });
   HLM_CHECK(it != buckets_.end(), "no decode graph for batch {}", n);
   fill(*it, &ctx);
   it->graph->replay();

@@ -1,9 +1,9 @@
 // kernel_bench: helixlm's CUDA KDA and MLA ops at the shapes of the speed issue (docs/benchmarks.md,
-// "Kernels against peers"), timed the way tools/bench_kernels.py times the peers in the same job: a decode
-// op is captured kCalls times back to back in one CUDA graph and the graph replayed (time per call, so
-// launch gaps count as they do inside a decode step); a prefill op runs eagerly. Inputs are random values
-// generated on the GPU. Prints one JSON object per case: the op, the shape, the median time and the bytes
-// the op must move over the copy bandwidth measured in the same process.
+// "Kernels against peers"), and the small ops of a decode step, timed the way tools/bench_kernels.py times
+// the peers in the same job: a decode op is captured kCalls times back to back in one CUDA graph and the
+// graph replayed (time per call, so launch gaps count as they do inside a decode step); a prefill op runs
+// eagerly. Inputs are random values generated on the GPU. Prints one JSON object per case: the op, the shape,
+// the median time and the bytes the op must move over the copy bandwidth measured in the same process.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -122,6 +122,71 @@ void kda_decode_case(Ops& ops, int64_t batch, double bw) {
   print({{"op", "kda_decode"}, {"batch", batch}, {"heads", kHeads}, {"dim", kDim}}, t, bytes, bw);
 }
 
+// The fused decode (kda_decode_gated: gate, beta, recurrence and gated norm in one kernel) at the shapes
+// of kda_decode_case, bytes counted the same way.
+void kda_decode_gated_case(Ops& ops, int64_t batch, double bw) {
+  Tensor q = random_tensor(ops, {batch, kHeads, kDim}, DType::kBF16, 1.0f, 0.0f, 1);
+  Tensor k = random_tensor(ops, {batch, kHeads, kDim}, DType::kBF16, 1.0f, 0.0f, 2);
+  Tensor v = random_tensor(ops, {batch, kHeads, kDim}, DType::kBF16, 1.0f, 0.0f, 3);
+  Tensor graw = random_tensor(ops, {batch, kHeads * kDim}, DType::kBF16, 2.0f, 0.0f, 4);
+  Tensor beta_logits = random_tensor(ops, {batch, kHeads}, DType::kBF16, 2.0f, 0.0f, 5);
+  Tensor out_gate = random_tensor(ops, {batch, kHeads, kDim}, DType::kBF16, 2.0f, 0.0f, 7);
+  Tensor state = random_tensor(ops, {batch, kHeads, kDim, kDim}, DType::kF32, 0.05f, 0.0f, 6);
+  KdaHeadParams hp;
+  hp.a_log = random_tensor(ops, {kHeads}, DType::kF32, 0.5f, -0.5f, 8);
+  hp.dt_bias = random_tensor(ops, {kHeads * kDim}, DType::kF32, 1.0f, 0.0f, 9);
+  hp.o_norm = random_tensor(ops, {kDim}, DType::kBF16, 0.5f, 1.0f, 10);
+  const SeqBatch seqs = seq_batch(ops, batch, 1);
+  const double bytes = 2.0 * static_cast<double>(state.nbytes());
+  const double fused = graph_seconds_per_call(
+      ops, [&] { ops.kda_decode_gated(q, k, v, graw, beta_logits, out_gate, hp, seqs, state); });
+  print({{"op", "kda_decode_gated"}, {"batch", batch}, {"heads", kHeads}, {"dim", kDim}}, fused, bytes, bw);
+  // The same work as the four separate ops (Ops::kda_decode_gated's definition).
+  const double separate = graph_seconds_per_call(ops, [&] {
+    const Tensor g = ops.kda_gate(graw, hp.a_log, hp.dt_bias, hp.lower_bound).reshape(q.shape());
+    const Tensor o = ops.kda_decode(q, k, v, g, ops.sigmoid(beta_logits), seqs, state);
+    ops.gated_rms_norm(o, out_gate, hp.o_norm, hp.eps);
+  });
+  print({{"op", "kda_decode_separate_ops"}, {"batch", batch}, {"heads", kHeads}, {"dim", kDim}}, separate,
+        bytes, bw);
+}
+
+// The small ops of a batch-1 decode step of Kimi-Linear-48B (hidden 2304, 256 experts, top 8) one at a
+// time: what each launch costs inside a graph, next to the bytes it must move.
+void decode_small_op_cases(Ops& ops, double bw) {
+  constexpr int64_t kHidden = 2304, kExperts = 256;
+  Tensor x = random_tensor(ops, {1, kHidden}, DType::kBF16, 1.0f, 0.0f, 31);
+  Tensor h = random_tensor(ops, {1, kHidden}, DType::kF32, 1.0f, 0.0f, 32);
+  Tensor norm_w = random_tensor(ops, {kHidden}, DType::kBF16, 0.5f, 1.0f, 33);
+  auto report = [&](const char* name, const nlohmann::json& shape, double bytes,
+                    const std::function<void()>& op) {
+    nlohmann::json j = shape;
+    j["op"] = name;
+    print(j, graph_seconds_per_call(ops, op), bytes, bw);
+  };
+  report("rms_norm", {{"rows", 1}, {"dim", kHidden}}, kHidden * 6.0, [&] { ops.rms_norm(h, norm_w, 1e-5f); });
+  report("add_rms_norm", {{"rows", 1}, {"dim", kHidden}}, kHidden * 12.0,
+         [&] { ops.add_rms_norm(h, x, norm_w, 1e-5f); });
+  Tensor router_w = random_tensor(ops, {kExperts, kHidden}, DType::kBF16, 0.05f, 0.0f, 34);
+  Tensor router_bias = random_tensor(ops, {kExperts}, DType::kF32, 0.1f, 0.0f, 35);
+  RouterParams rp;
+  rp.top_k = 8;
+  Tensor idx = ops.empty({1, rp.top_k}, DType::kI32), weights = ops.empty({1, rp.top_k}, DType::kF32);
+  report("moe_route", {{"rows", 1}, {"experts", kExperts}, {"dim", kHidden}},
+         static_cast<double>(router_w.nbytes()),
+         [&] { ops.moe_route(x, router_w, router_bias, rp, idx, weights); });
+  for (int64_t rows : {32, 128, 2048, 2304}) {  // KDA b_proj, f_a; shared-expert gate|up; o_proj
+    const int64_t cols = rows == 2304 ? 4096 : kHidden;
+    Tensor w = random_tensor(ops, {rows, cols}, DType::kBF16, 0.05f, 0.0f, 36);
+    Tensor in = random_tensor(ops, {1, cols}, DType::kBF16, 1.0f, 0.0f, 37);
+    report("linear", {{"rows", 1}, {"out", rows}, {"in", cols}}, static_cast<double>(w.nbytes()),
+           [&] { ops.linear(in, w); });
+  }
+  Tensor gate_up = random_tensor(ops, {1, 2048}, DType::kBF16, 2.0f, 0.0f, 38);
+  report("glu_packed", {{"rows", 1}, {"dim", 1024}}, 2048 * 2.0 + 1024 * 2.0,
+         [&] { ops.glu_packed(gate_up, ActivationParams{}); });
+}
+
 // KDA chunked prefill of `batch` sequences of `tokens` each, from a zero state.
 void kda_prefill_case(Ops& ops, int64_t batch, int64_t tokens, double bw) {
   const int64_t rows = batch * tokens;
@@ -178,7 +243,9 @@ int run() {
   ops->reserve_workspace(int64_t{32} << 30);
   const double bw = copy_bandwidth(*ops);
   std::cout << nlohmann::json{{"op", "copy"}, {"gb_s", bw / 1e9}}.dump() << std::endl;
+  decode_small_op_cases(*ops, bw);
   for (int64_t b : {1, 8, 64}) kda_decode_case(*ops, b, bw);
+  for (int64_t b : {1, 8, 64}) kda_decode_gated_case(*ops, b, bw);
   for (int64_t b : {1, 4}) {
     for (int64_t t : {8192, 65536}) kda_prefill_case(*ops, b, t, bw);
   }

@@ -112,6 +112,19 @@ TEST_F(CudaDense, NormsAndElementwise) {
     EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->glu(to_gpu_bf16(*gpu, g), to_gpu_bf16(*gpu, u), act)),
                      cpu_->glu(g, u, act)),
               kBf16Out);
+    // The fused gate|up form: [T, 2I] with the gate columns first, against the CPU's glu of the halves.
+    Tensor gate_up = Tensor::empty({13, 600}, DType::kF32);
+    for (int64_t t = 0; t < 13; ++t) {
+      for (int64_t c = 0; c < 300; ++c) {
+        gate_up.data<float>()[t * 600 + c] = g.data<float>()[t * 300 + c];
+        gate_up.data<float>()[t * 600 + 300 + c] = u.data<float>()[t * 300 + c];
+      }
+    }
+    EXPECT_LE(
+        rel_l2(gpu->to_host_f32(gpu->glu_packed(to_gpu_bf16(*gpu, gate_up), act)), cpu_->glu(g, u, act)),
+        kBf16Out)
+        << "glu_packed";
+    EXPECT_LE(rel_l2(cpu_->glu_packed(gate_up, act), cpu_->glu(g, u, act)), 0.0) << "CPU glu_packed";
   }
   EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->sigmoid(to_gpu_bf16(*gpu, g))), cpu_->sigmoid(g)), kF32Out);
 

@@ -330,6 +330,68 @@ INSTANTIATE_TEST_SUITE_P(
                       std::pair<int64_t, int64_t>{64, 64}, std::pair<int64_t, int64_t>{128, 128},
                       std::pair<int64_t, int64_t>{48, 40}, std::pair<int64_t, int64_t>{32, 24}));
 
+// The fused decode (kda_decode_gated: gate, beta sigmoid, recurrence and gated norm in one kernel, in
+// clusters of CTAs at K = V = 64 and 128) against the CPU's four separate ops, with both gate forms; head
+// sizes without a tiled kernel, and batches of more than 128 (row, head) pairs, take the separate ops on
+// the GPU too.
+class CudaKdaDecodeGated : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, float, int64_t>> {};
+
+TEST_P(CudaKdaDecodeGated, MatchesCpuOpsOverSteps) {
+  HLM_GPU_OR_SKIP(gpu);
+  gpu->reserve_workspace(kArenaBytes);
+  auto cpu = make_cpu_ops();
+  const auto [kd, vd, lower_bound, heads] = GetParam();
+  const int64_t slots = 7, rows = 6;
+  std::mt19937 rng(static_cast<unsigned>(53 * kd + vd + 7 * heads + (lower_bound < 0 ? 1 : 0)));
+  const std::vector<SeqSpan> spans = {{0, 1, 2}, {1, 1, 0}, {2, 0, -1}, {3, 1, 5}, {4, 0, 3}};
+  Tensor cpu_state = random_f32({slots, heads, kd, vd}, rng);
+  Tensor gpu_state = gpu->upload(cpu_state);
+  KdaHeadParams hp_cpu;
+  hp_cpu.a_log = random_f32({heads}, rng, -1.0f, 0.5f);
+  hp_cpu.dt_bias = random_f32({heads * kd}, rng);
+  hp_cpu.lower_bound = lower_bound;
+  hp_cpu.o_norm = round_bf16(random_f32({vd}, rng, 0.5f, 1.5f));
+  hp_cpu.eps = 1e-5f;
+  KdaHeadParams hp_gpu = hp_cpu;
+  hp_gpu.a_log = gpu->upload(hp_cpu.a_log);
+  hp_gpu.dt_bias = gpu->upload(hp_cpu.dt_bias);
+  hp_gpu.o_norm = gpu->upload(as_bf16(hp_cpu.o_norm));
+  const SeqBatch batch = device_batch(*gpu, spans);
+  for (int step = 0; step < 3; ++step) {
+    const std::string what = "K " + std::to_string(kd) + " V " + std::to_string(vd) + " lower bound " +
+                             std::to_string(lower_bound) + " step " + std::to_string(step);
+    const Tensor q = round_bf16(random_f32({rows, heads, kd}, rng));
+    const Tensor k = round_bf16(random_f32({rows, heads, kd}, rng));
+    const Tensor v = round_bf16(random_f32({rows, heads, vd}, rng));
+    const Tensor graw = round_bf16(random_f32({rows, heads * kd}, rng, -2.0f, 2.0f));
+    const Tensor beta_logits = round_bf16(random_f32({rows, heads}, rng, -3.0f, 3.0f));
+    const Tensor out_gate = round_bf16(random_f32({rows, heads, vd}, rng, -3.0f, 3.0f));
+    const Tensor before = gpu->to_host_f32(gpu_state);
+    const Tensor out = run_poisoned(*gpu, [&] {
+      return gpu->kda_decode_gated(gpu->upload(as_bf16(q)), gpu->upload(as_bf16(k)), gpu->upload(as_bf16(v)),
+                                   gpu->upload(as_bf16(graw)), gpu->upload(as_bf16(beta_logits)),
+                                   gpu->upload(as_bf16(out_gate)), hp_gpu, batch, gpu_state);
+    });
+    const Tensor ref = cpu->kda_decode_gated(q, k, v, graw, beta_logits, out_gate, hp_cpu, spans, cpu_state);
+    EXPECT_LE(rel_l2(out, ref), kBf16OutTol) << what << ": output";
+    EXPECT_TRUE(rows_are_zero(out, uncovered_rows(spans, rows))) << what;
+    expect_state(gpu->to_host_f32(gpu_state), before, cpu_state, spans, kStateTol, what + ": state");
+  }
+}
+
+using GatedCase = std::tuple<int64_t, int64_t, float, int64_t>;  // K, V, lower bound, heads
+INSTANTIATE_TEST_SUITE_P(HeadSizesAndGates, CudaKdaDecodeGated,
+                         ::testing::Values(GatedCase{16, 16, 0.0f, 3}, GatedCase{32, 32, -5.0f, 3},
+                                           GatedCase{64, 64, 0.0f, 3}, GatedCase{128, 128, 0.0f, 3},
+                                           GatedCase{128, 128, -5.0f, 3}, GatedCase{48, 40, -5.0f, 3},
+                                           GatedCase{128, 128, 0.0f, 24}),
+                         [](const auto& info) {
+                           return "K" + std::to_string(std::get<0>(info.param)) + "V" +
+                                  std::to_string(std::get<1>(info.param)) +
+                                  (std::get<2>(info.param) < 0 ? "Bounded" : "Softplus") + "H" +
+                                  std::to_string(std::get<3>(info.param));
+                         });
+
 // Prefill: every head size with every gate kind, on one ragged batch.
 class CudaKdaPrefill : public ::testing::TestWithParam<std::tuple<int64_t, Gate>> {};
 

@@ -37,6 +37,7 @@ Tensor rms_norm(CudaContext& ctx, const Tensor& x, const Tensor& w, float eps);
 Tensor add_rms_norm(CudaContext& ctx, Tensor& h, const Tensor& a, const Tensor& w, float eps);
 void add_inplace(CudaContext& ctx, Tensor& y, const Tensor& x);  // any float dtypes, same shape
 Tensor glu(CudaContext& ctx, const Tensor& gate, const Tensor& up, const ActivationParams& act);  // -> BF16
+Tensor glu_packed(CudaContext& ctx, const Tensor& gate_up, const ActivationParams& act);          // -> BF16
 Tensor sigmoid(CudaContext& ctx, const Tensor& x);                                                // -> F32
 void sigmoid_gate_inplace(CudaContext& ctx, Tensor& y, const Tensor& gate);
 // -> F32 [T, D]
@@ -65,6 +66,12 @@ Tensor kda_decode(CudaContext& ctx, const Tensor& q, const Tensor& k, const Tens
                   const Tensor& beta, const SeqBatch& seqs, Tensor& state);
 // o, gate [T, H, V] (BF16/F32), w [V] -> [T, H, V] BF16.
 Tensor gated_rms_norm(CudaContext& ctx, const Tensor& o, const Tensor& gate, const Tensor& w, float eps);
+// The fused kernel of Ops::kda_decode_gated for head sizes with a tiled decode kernel (K = V in 16, 32,
+// 64, 128) and batches of at most 128 (row, head) pairs: sets `out` [T, H, V] and returns true; returns
+// false (nothing launched) otherwise.
+bool kda_decode_gated(CudaContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& graw,
+                      const Tensor& beta_logits, const Tensor& out_gate, const KdaHeadParams& hp,
+                      const SeqBatch& seqs, Tensor& state, Tensor& out);
 
 // --- MLA (mla.cu) --------------------------------------------------------------------------------------
 // entries [T, D] (BF16/F32), slots [T] I64, cache [pages, P, D] BF16.

@@ -164,6 +164,9 @@ class CudaOps final : public Ops {
   Tensor glu(const Tensor& gate, const Tensor& up, const ActivationParams& act) override {
     return cuda::glu(ctx_, gate, up, act);
   }
+  Tensor glu_packed(const Tensor& gate_up, const ActivationParams& act) override {
+    return cuda::glu_packed(ctx_, gate_up, act);
+  }
   Tensor sigmoid(const Tensor& x) override { return cuda::sigmoid(ctx_, x); }
   void sigmoid_gate_inplace(Tensor& y, const Tensor& gate) override {
     cuda::sigmoid_gate_inplace(ctx_, y, gate);
@@ -201,6 +204,13 @@ class CudaOps final : public Ops {
   }
   Tensor gated_rms_norm(const Tensor& o, const Tensor& gate, const Tensor& w, float eps) override {
     return cuda::gated_rms_norm(ctx_, o, gate, w, eps);
+  }
+  Tensor kda_decode_gated(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& graw,
+                          const Tensor& beta_logits, const Tensor& out_gate, const KdaHeadParams& hp,
+                          const SeqBatch& seqs, Tensor& state) override {
+    Tensor out;
+    if (cuda::kda_decode_gated(ctx_, q, k, v, graw, beta_logits, out_gate, hp, seqs, state, out)) return out;
+    return Ops::kda_decode_gated(q, k, v, graw, beta_logits, out_gate, hp, seqs, state);
   }
 
   void cache_write(const Tensor& entries, const Tensor& slots, Tensor& cache) override {

@@ -10,6 +10,7 @@
 
 #include "ops/cpu/cpu_kernels.h"
 #include "ops/cuda/cuda_kernels.h"
+#include "ops/cuda/device_math.cuh"
 
 namespace hlm::cuda {
 
@@ -44,6 +45,13 @@ __device__ __forceinline__ Span block_find_span(const int32_t* table, int num_sp
 // from a float sum of squares; the division in double as in the CPU op.
 __device__ __forceinline__ float l2_factor(float sum_sq, float scale) {
   return static_cast<float>(static_cast<double>(scale) / sqrt(static_cast<double>(sum_sq) + 1e-6));
+}
+
+// The forget gate of one element in log space (ops.h kda_gate, the CPU op's formula): z = graw + dt_bias,
+// rate = exp(A_log) of the element's head.
+__device__ __forceinline__ float kda_gate_value(float z, float rate, float lower_bound) {
+  if (lower_bound == 0.0f) return -rate * (z > 20.0f ? z : log1pf(expf(z)));  // softplus, torch's threshold
+  return lower_bound * logistic(rate * z);
 }
 
 // A float tensor (F32 or BF16) read with its dtype known only at run time: for weights and the conv cache,
@@ -129,14 +137,15 @@ struct KdaCoreParams {
   int heads;
 };
 
+// g and beta may be undefined where a kernel computes them (kda_decode_gated).
 template <class XT>
 KdaCoreParams<XT> kda_core_params(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                                   const Tensor& beta, const SeqBatch& seqs, Tensor& state, Tensor& out) {
   return {static_cast<const XT*>(q.raw()),
           static_cast<const XT*>(k.raw()),
           static_cast<const XT*>(v.raw()),
-          g.data<float>(),
-          beta.data<float>(),
+          g.defined() ? g.data<float>() : nullptr,
+          beta.defined() ? beta.data<float>() : nullptr,
           state.data<float>(),
           static_cast<__nv_bfloat16*>(out.raw()),
           seqs.table.data<int32_t>(),
@@ -156,29 +165,35 @@ inline void check_seq_batch(const SeqBatch& seqs, int64_t rows, int64_t slots, c
   cpu::check_seq_spans(seqs.spans, rows, slots, op);
 }
 
-// The arguments of kda_prefill / kda_decode (ops.h): q, k [T, H, K] and v [T, H, V] of one activation
-// dtype, g [T, H, K] F32, beta [T, H] F32, state [slots, H, K, V] F32.
-inline void check_kda_core_args(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
-                                const Tensor& g, const Tensor& beta, const SeqBatch& seqs,
-                                const Tensor& state) {
+// q, k [T, H, K] and v [T, H, V] of one activation dtype, and state [slots, H, K, V] F32 with the batch.
+inline void check_kda_qkv_state(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                const SeqBatch& seqs, const Tensor& state) {
   expect_cuda(q, op, "q", {DType::kBF16, DType::kF32}, 3, "[T, H, K]");
   expect_cuda(k, op, "k", {q.dtype()}, 3, "[T, H, K] of q's dtype");
   expect_cuda(v, op, "v", {q.dtype()}, 3, "[T, H, V] of q's dtype");
-  expect_cuda(g, op, "g", {DType::kF32}, 3, "[T, H, K]");
-  expect_cuda(beta, op, "beta", {DType::kF32}, 2, "[T, H]");
   expect_cuda(state, op, "state", {DType::kF32}, 4, "[slots, H, K, V]");
   expect_same_shape(q, k, op, "q [T, H, K]", "k");
-  expect_same_shape(q, g, op, "q [T, H, K]", "g");
   const int64_t rows = q.dim(0), heads = q.dim(1);
   expect_dim(v, 0, rows, op, "v [T, H, V]", "the token count of q [T, H, K]");
   expect_dim(v, 1, heads, op, "v [T, H, V]", "the head count of q [T, H, K]");
-  expect_dim(beta, 0, rows, op, "beta [T, H]", "the token count of q [T, H, K]");
-  expect_dim(beta, 1, heads, op, "beta [T, H]", "the head count of q [T, H, K]");
   expect_dim(state, 1, heads, op, "state [slots, H, K, V]", "the head count of q [T, H, K]");
   expect_dim(state, 2, q.dim(2), op, "state [slots, H, K, V]", "the key dimension of q [T, H, K]");
   expect_dim(state, 3, v.dim(2), op, "state [slots, H, K, V]", "the value dimension of v [T, H, V]");
   HLM_CHECK(heads <= 65535, "{}: {} heads; the kernels take at most 65535", op, heads);
   check_seq_batch(seqs, rows, state.dim(0), op);
+}
+
+// The arguments of kda_prefill / kda_decode (ops.h): check_kda_qkv_state's, g [T, H, K] F32 and beta
+// [T, H] F32.
+inline void check_kda_core_args(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& g, const Tensor& beta, const SeqBatch& seqs,
+                                const Tensor& state) {
+  check_kda_qkv_state(op, q, k, v, seqs, state);
+  expect_cuda(g, op, "g", {DType::kF32}, 3, "[T, H, K]");
+  expect_cuda(beta, op, "beta", {DType::kF32}, 2, "[T, H]");
+  expect_same_shape(q, g, op, "q [T, H, K]", "g");
+  expect_dim(beta, 0, q.dim(0), op, "beta [T, H]", "the token count of q [T, H, K]");
+  expect_dim(beta, 1, q.dim(1), op, "beta [T, H]", "the head count of q [T, H, K]");
 }
 
 }  // namespace hlm::cuda

@@ -27,6 +27,7 @@ struct ShortConvParams {
   int channels;
   int width;
   int num_spans;
+  bool state_inline;  // every sequence has at most one new token: short_conv_kernel rewrites the cache
 };
 
 // A CTA takes kConvRows consecutive rows and kConvThreads channels; a thread owns one channel and walks the
@@ -34,7 +35,9 @@ struct ShortConvParams {
 // from one scan of the span table per CTA (S is small), so rows outside every span are found on the device
 // and written as zeros, as graphs require. Taps before a sequence's first new token read the cached inputs;
 // the cache is rewritten afterwards by short_conv_state_kernel, because the first W-1 rows of a sequence
-// can fall in two CTAs that both read the old cache.
+// can fall in two CTAs that both read the old cache. With one new token per sequence (a decode step) the
+// thread that reads a (slot, channel) cache is its only reader, so it rewrites it right after the conv and
+// the second launch is skipped (state_inline).
 template <class XT>
 __global__ void __launch_bounds__(kConvThreads) short_conv_kernel(ShortConvParams<XT> p) {
   pdl_wait();
@@ -72,15 +75,22 @@ __global__ void __launch_bounds__(kConvThreads) short_conv_kernel(ShortConvParam
     if (t >= 0) {
       const int64_t begin = row0 + i - t;                                // the sequence's first new row
       const int64_t cache = (row_slot[i] * channels + c) * hist + hist;  // + p reads stream position p < 0
+      float in[kMaxConvWidth];
 #pragma unroll
       for (int j = 0; j < kMaxConvWidth; ++j) {
         if (j < p.width) {
           const int pos = t - hist + j;  // stream position of tap j, relative to the first new token
-          const float in = pos >= 0 ? to_float(p.x[(begin + pos) * channels + c]) : p.state.load(cache + pos);
-          acc += taps[j] * in;
+          in[j] = pos >= 0 ? to_float(p.x[(begin + pos) * channels + c]) : p.state.load(cache + pos);
+          acc += taps[j] * in[j];
         }
       }
       acc = silu(acc);
+      if (p.state_inline) {  // t == 0: the cache becomes the window's last W-1 inputs
+#pragma unroll
+        for (int j = 1; j < kMaxConvWidth; ++j) {
+          if (j < p.width) p.state.store(cache - hist + j - 1, in[j]);
+        }
+      }
     }
     p.y[(row0 + i) * channels + c] = __float2bfloat16_rn(acc);
   }
@@ -119,7 +129,7 @@ void launch_short_conv(const ShortConvParams<XT>& p, cudaStream_t stream) {
   const dim3 conv_grid(blocks_for(p.channels, kConvThreads), blocks_for(p.rows, kConvRows));
   launch_pdl(short_conv_kernel<XT>, conv_grid, kConvThreads, 0, stream, p);
   HLM_CHECK_LAUNCH("short_conv_kernel");
-  if (p.num_spans == 0 || p.width == 1) return;  // no cache to update
+  if (p.num_spans == 0 || p.width == 1 || p.state_inline) return;  // no cache, or rewritten above
   const dim3 state_grid(blocks_for(p.channels, kConvThreads), p.num_spans);
   launch_pdl(short_conv_state_kernel<XT>, state_grid, kConvThreads, 0, stream, p);
   HLM_CHECK_LAUNCH("short_conv_state_kernel");
@@ -148,15 +158,7 @@ __global__ void __launch_bounds__(kGateThreads) kda_gate_kernel(KdaGateParams<GT
        i += static_cast<int64_t>(gridDim.x) * kGateThreads) {
     const int c = static_cast<int>(i % p.width);
     const float z = to_float(p.graw[i]) + p.dt_bias.load(c);
-    const float rate = expf(p.a_log.load(c / p.head_dim));
-    float value;
-    if (p.lower_bound == 0.0f) {
-      const float softplus = z > 20.0f ? z : log1pf(expf(z));  // torch's threshold 20
-      value = -rate * softplus;
-    } else {
-      value = p.lower_bound * logistic(rate * z);
-    }
-    p.g[i] = value;
+    p.g[i] = kda_gate_value(z, expf(p.a_log.load(c / p.head_dim)), p.lower_bound);
   }
 }
 
@@ -234,6 +236,10 @@ Tensor short_conv(CudaContext& ctx, const Tensor& x, const Tensor& w, const SeqB
 
   Tensor y = ctx.empty({rows, channels}, DType::kBF16);  // [T, C]
   if (rows == 0 || channels == 0) return y;
+  // A captured decode step replays with other spans in the device table, but still at most one new token
+  // per sequence (decode graphs take no other steps), so the host spans decide for every replay.
+  const bool single_tokens =
+      std::all_of(seqs.spans.begin(), seqs.spans.end(), [](const SeqSpan& s) { return s.token_count <= 1; });
   dispatch_float(x.dtype(), op, [&](auto tag) {
     using XT = typename decltype(tag)::type;
     const ShortConvParams<XT> p{static_cast<const XT*>(x.raw()),
@@ -244,7 +250,8 @@ Tensor short_conv(CudaContext& ctx, const Tensor& x, const Tensor& w, const SeqB
                                 rows,
                                 static_cast<int>(channels),
                                 static_cast<int>(width),
-                                static_cast<int>(seqs.spans.size())};
+                                static_cast<int>(seqs.spans.size()),
+                                single_tokens};
     launch_short_conv(p, ctx.stream());
   });
   return y;

@@ -24,20 +24,25 @@ namespace hlm::cuda {
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" :::); }
 
-// Launches `kernel` (one params argument) as a PDL dependent of the previous kernel on `stream`.
+// Launches `kernel` (one params argument) as a PDL dependent of the previous kernel on `stream`; with
+// cluster_x > 1, in thread-block clusters of cluster_x consecutive CTAs along x.
 template <class Params>
 void launch_pdl(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                const Params& p) {
-  cudaLaunchAttribute attr[1];
+                const Params& p, unsigned cluster_x = 1) {
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = cluster_x;
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = cluster_x > 1 ? 2 : 1;
   HLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
 }
 
