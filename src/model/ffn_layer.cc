@@ -104,8 +104,9 @@ Tensor MoeLayer::forward(const LayerEnv& env, const Tensor& x) {
   Tensor idx, weights;  // [T, k] I32, [T, k] F32
   ops.moe_route(x, gate_, bias_, router_, idx, weights);
   if (!latent_down_.defined()) {
-    Tensor out = ops.moe_experts(x, idx, weights, experts_, expert_begin_, act);  // [T, hidden]
-    if (has_shared_) ops.add_inplace(out, shared_.partial(ops, x, act));
+    Tensor out = has_shared_ ? ops.moe_experts_add(x, idx, weights, experts_, expert_begin_, act,
+                                                   shared_.partial(ops, x, act))
+                             : ops.moe_experts(x, idx, weights, experts_, expert_begin_, act);  // [T, hidden]
     env.comm.all_reduce_sum(out, CommGroup::kWorld);
     return out;
   }

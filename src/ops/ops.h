@@ -301,6 +301,15 @@ class Ops {
   virtual Tensor moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights,
                              const ExpertWeights& experts, int64_t expert_begin,
                              const ActivationParams& act) = 0;
+  // moe_experts(...) + addend (the shared experts' output [T, D]), as exactly moe_experts then
+  // add_inplace (the CPU reference); a device backend adds it in the kernel that sums the experts.
+  virtual Tensor moe_experts_add(const Tensor& x, const Tensor& idx, const Tensor& weights,
+                                 const ExpertWeights& experts, int64_t expert_begin,
+                                 const ActivationParams& act, const Tensor& addend) {
+    Tensor out = moe_experts(x, idx, weights, experts, expert_begin, act);
+    add_inplace(out, addend);
+    return out;
+  }
 
   // --- sampling ---------------------------------------------------------------------------------------
   // One token id per row of logits [R, V] (F32) with rows[r]'s parameters (SampleParams); -1 for a row

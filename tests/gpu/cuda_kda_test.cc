@@ -332,7 +332,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The fused decode (kda_decode_gated: gate, beta sigmoid, recurrence and gated norm in one kernel, in
 // clusters of CTAs at K = V = 64 and 128) against the CPU's four separate ops, with both gate forms; head
-// sizes without a tiled kernel, and batches of more than 128 (row, head) pairs, take the separate ops on
+// sizes without a tiled kernel, and batches of more than 256 (row, head) pairs, take the separate ops on
 // the GPU too.
 class CudaKdaDecodeGated : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, float, int64_t>> {};
 
@@ -384,7 +384,7 @@ INSTANTIATE_TEST_SUITE_P(HeadSizesAndGates, CudaKdaDecodeGated,
                          ::testing::Values(GatedCase{16, 16, 0.0f, 3}, GatedCase{32, 32, -5.0f, 3},
                                            GatedCase{64, 64, 0.0f, 3}, GatedCase{128, 128, 0.0f, 3},
                                            GatedCase{128, 128, -5.0f, 3}, GatedCase{48, 40, -5.0f, 3},
-                                           GatedCase{128, 128, 0.0f, 24}),
+                                           GatedCase{128, 128, 0.0f, 48}),
                          [](const auto& info) {
                            return "K" + std::to_string(std::get<0>(info.param)) + "V" +
                                   std::to_string(std::get<1>(info.param)) +

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -389,6 +390,36 @@ TEST(CudaMoe, ExpertsKimiLinearAndK3Shapes) {
       expect_experts_match(*gpu, *cpu, x, idx, weights, ex, s.begin, activation(s.act), DType::kBF16,
                            "E " + std::to_string(s.total) + " T " + std::to_string(rows));
     }
+  }
+}
+
+// moe_experts_add (the shared experts' output added in the combine kernel) is exactly moe_experts followed
+// by add_inplace on the GPU (the same fp32 additions in the same order), and matches the CPU op; a token
+// with no local expert gets exactly the addend.
+TEST(CudaMoe, ExpertsAddIsExpertsThenAdd) {
+  HLM_GPU_OR_SKIP(gpu);
+  auto cpu = make_cpu_ops();
+  std::mt19937 rng(57);
+  const int64_t hidden = 256, inter = 64, local = 6, begin = 10, total = 32, k = 4, rows = 9;
+  const Experts ex = dense_experts(*gpu, local, inter, hidden, DType::kBF16, rng);
+  const ActivationParams act = activation(Activation::kSilu);
+  Tensor x = round_bf16(random_f32({rows, hidden}, rng));
+  Tensor idx = random_routing(rows, k, total, begin, local, 0.3, rng);
+  for (int32_t j = 0; j < k; ++j) idx.data<int32_t>()[j] = j;  // token 0: no local expert
+  Tensor weights = random_f32({rows, k}, rng, 0.1f, 1.5f);
+  const Tensor addend = round_bf16(random_f32({rows, hidden}, rng, -2.0f, 2.0f));
+  const Tensor xg = gpu->upload(as_bf16(x)), idx_g = gpu->upload(idx), w_g = gpu->upload(weights);
+  for (DType addend_dtype : {DType::kBF16, DType::kF32}) {
+    const std::string what = "addend " + std::string(dtype_name(addend_dtype));
+    const Tensor addend_g = gpu->upload(addend_dtype == DType::kBF16 ? as_bf16(addend) : addend);
+    const Tensor got = gpu->to_host_f32(gpu->moe_experts_add(xg, idx_g, w_g, ex.gpu, begin, act, addend_g));
+    Tensor separate = gpu->moe_experts(xg, idx_g, w_g, ex.gpu, begin, act);
+    gpu->add_inplace(separate, addend_g);
+    const Tensor want_gpu = gpu->to_host_f32(separate);
+    EXPECT_EQ(std::memcmp(got.raw(), want_gpu.raw(), got.nbytes()), 0) << what << ": not moe_experts + add";
+    EXPECT_LE(rel_l2(got, cpu->moe_experts_add(x, idx, weights, ex.cpu, begin, act, addend)), kExpertsRelL2)
+        << what;
+    for (int64_t d = 0; d < hidden; ++d) ASSERT_EQ(got.data<float>()[d], addend.data<float>()[d]) << what;
   }
 }
 

@@ -67,7 +67,7 @@ Tensor kda_decode(CudaContext& ctx, const Tensor& q, const Tensor& k, const Tens
 // o, gate [T, H, V] (BF16/F32), w [V] -> [T, H, V] BF16.
 Tensor gated_rms_norm(CudaContext& ctx, const Tensor& o, const Tensor& gate, const Tensor& w, float eps);
 // The fused kernel of Ops::kda_decode_gated for head sizes with a tiled decode kernel (K = V in 16, 32,
-// 64, 128) and batches of at most 128 (row, head) pairs: sets `out` [T, H, V] and returns true; returns
+// 64, 128) and batches of at most 256 (row, head) pairs: sets `out` [T, H, V] and returns true; returns
 // false (nothing launched) otherwise.
 bool kda_decode_gated(CudaContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& graw,
                       const Tensor& beta_logits, const Tensor& out_gate, const KdaHeadParams& hp,
@@ -87,9 +87,11 @@ Tensor lse_combine(CudaContext& ctx, const Tensor& parts, const Tensor& stats);
 // x [T, D] (BF16/F32), w [E, D] (BF16/F32), bias [E] (F32/BF16) -> idx [T, k] I32, weights [T, k] F32.
 void moe_route(CudaContext& ctx, const Tensor& x, const Tensor& w, const Tensor& bias, const RouterParams& p,
                Tensor& idx, Tensor& weights);
-// x [T, D] (BF16/F32); experts BF16 (or F32) dense, or MXFP4 U8 codes + scales -> [T, D] F32.
+// x [T, D] (BF16/F32); experts BF16 (or F32) dense, or MXFP4 U8 codes + scales -> [T, D] F32, plus
+// `addend` [T, D] (BF16/F32) when given (Ops::moe_experts_add).
 Tensor moe_experts(CudaContext& ctx, const Tensor& x, const Tensor& idx, const Tensor& weights,
-                   const ExpertWeights& experts, int64_t expert_begin, const ActivationParams& act);
+                   const ExpertWeights& experts, int64_t expert_begin, const ActivationParams& act,
+                   const Tensor* addend = nullptr);
 
 // --- sampling (sampling.cu) ------------------------------------------------------------------------------
 // logits [R, V] F32 on the device -> host ids (the same draws as ops/cpu/sampling.cc).

@@ -232,6 +232,11 @@ class CudaOps final : public Ops {
                      int64_t expert_begin, const ActivationParams& act) override {
     return cuda::moe_experts(ctx_, x, idx, weights, experts, expert_begin, act);
   }
+  Tensor moe_experts_add(const Tensor& x, const Tensor& idx, const Tensor& weights,
+                         const ExpertWeights& experts, int64_t expert_begin, const ActivationParams& act,
+                         const Tensor& addend) override {
+    return cuda::moe_experts(ctx_, x, idx, weights, experts, expert_begin, act, &addend);
+  }
 
   std::vector<int32_t> sample(const Tensor& logits, const std::vector<SampleParams>& rows) override {
     return cuda::sample(ctx_, logits, rows);

@@ -438,10 +438,13 @@ struct CombineParams {
   int64_t expert_begin;
   int top_k;
   int local;
+  const void* addend;  // [T, D] added to the sum (moe_experts_add), BF16 or F32; nullptr: none
+  bool addend_bf16;
 };
 
 // Grid (T, ceil(D / 4 / 256)): one float4 of one token per thread, summing the token's local slots in
-// slot order. A token with no local expert gets zeros.
+// slot order, then adding the addend, if any (the fp32 add that add_inplace would do next). A token with
+// no local expert gets zeros (plus the addend).
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams p) {
   pdl_wait();
   pdl_trigger();
@@ -456,6 +459,17 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams 
     const float w = p.weights[pair];
     const float4 v = reinterpret_cast<const float4*>(p.y + pair * p.hidden)[d4];
     acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+  }
+  if (p.addend != nullptr) {
+    float4 a;
+    if (p.addend_bf16) {
+      const uint2 raw = reinterpret_cast<const uint2*>(static_cast<const bf16*>(p.addend) + t * p.hidden)[d4];
+      a = make_float4(__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
+                      __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u));
+    } else {
+      a = reinterpret_cast<const float4*>(static_cast<const float*>(p.addend) + t * p.hidden)[d4];
+    }
+    acc.x += a.x, acc.y += a.y, acc.z += a.z, acc.w += a.w;
   }
   reinterpret_cast<float4*>(p.out + t * p.hidden)[d4] = acc;
 }
@@ -475,7 +489,8 @@ void check_mxfp4(const Tensor& codes, const Tensor& scale, int64_t local, int64_
 }  // namespace
 
 Tensor moe_experts(CudaContext& ctx, const Tensor& x, const Tensor& idx, const Tensor& weights,
-                   const ExpertWeights& ew, int64_t expert_begin, const ActivationParams& act) {
+                   const ExpertWeights& ew, int64_t expert_begin, const ActivationParams& act,
+                   const Tensor* addend) {
   const char* op = "moe_experts";
   expect_cuda(x, op, "x", {DType::kBF16, DType::kF32}, 2, "[T, D]");
   expect_cuda(idx, op, "idx", {DType::kI32}, 2, "[T, k]");
@@ -519,10 +534,18 @@ Tensor moe_experts(CudaContext& ctx, const Tensor& x, const Tensor& idx, const T
   HLM_CHECK(rows * top_k <= INT32_MAX, "moe_experts: {} tokens x {} experts overflow the 32-bit work list",
             rows, top_k);
 
+  if (addend != nullptr) {
+    expect_cuda(*addend, op, "addend", {DType::kBF16, DType::kF32}, 2, "[T, D]");
+    expect_dim(*addend, 0, rows, op, "addend [T, D]", "the token count of x [T, D]");
+    expect_dim(*addend, 1, hidden, op, "addend [T, D]", "the hidden size of x [T, D]");
+    HLM_CHECK(aligned16(addend->raw()), "moe_experts: the addend must be 16-byte aligned");
+  }
+
   Tensor out = ctx.empty({rows, hidden}, DType::kF32);  // [T, D]
   if (rows == 0) return out;
   if (local == 0 || top_k == 0) {
     HLM_CUDA_CHECK(cudaMemsetAsync(out.raw(), 0, out.nbytes(), ctx.stream()));
+    if (addend != nullptr) add_inplace(ctx, out, *addend);
     return out;
   }
   const int64_t pairs = rows * top_k;
@@ -580,9 +603,16 @@ Tensor moe_experts(CudaContext& ctx, const Tensor& x, const Tensor& idx, const T
       break;
   }
 
-  const CombineParams cp{
-      y.data<float>(), idx.data<int32_t>(), weights.data<float>(),   out.data<float>(),
-      hidden,          expert_begin,        static_cast<int>(top_k), static_cast<int>(local)};
+  const CombineParams cp{y.data<float>(),
+                         idx.data<int32_t>(),
+                         weights.data<float>(),
+                         out.data<float>(),
+                         hidden,
+                         expert_begin,
+                         static_cast<int>(top_k),
+                         static_cast<int>(local),
+                         addend != nullptr ? addend->raw() : nullptr,
+                         addend != nullptr && addend->dtype() == DType::kBF16};
   launch_pdl(combine_kernel, dim3(static_cast<unsigned>(rows), blocks_for(hidden / 4, kCombineThreads)),
              kCombineThreads, 0, stream, cp);
   HLM_CHECK_LAUNCH("combine_kernel");
