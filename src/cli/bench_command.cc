@@ -47,7 +47,8 @@ struct BenchArgs {
   int64_t prefill_tokens = -1;  // synthetic contexts: the prompt timed for prefill (-1: min(context, 8192))
   int synthetic = -1;           // -1: on with --random-weights
   bool json = false;
-  int64_t profile_steps = 0;  // decode steps of the last repeat bracketed for a device profiler
+  int64_t profile_steps = 0;     // decode steps of the last repeat bracketed for a device profiler
+  bool profile_prefill = false;  // also bracket the last repeat's timed prefill (synthetic contexts)
 };
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -85,6 +86,10 @@ int run_bench(const BenchArgs& a) {
   const int64_t chunk = a.prefill_chunk > 0 ? a.prefill_chunk : (device == Device::kCuda ? 8192 : 512);
   const int64_t prefill_tokens =
       a.prefill_tokens >= 0 ? a.prefill_tokens : std::min<int64_t>(a.context, 8192);
+  HLM_CHECK(
+      !a.profile_prefill || (synthetic && prefill_tokens > 0),
+      "--profile-prefill records the timed prompt of a synthetic context: it needs --synthetic-context 1 "
+      "(the default with --random-weights) and --prefill-tokens > 0");
   // The engine holds the batch and nothing more: at long contexts every extra slot would be sized for a
   // whole context of KV pages.
   so.batch_option = "--batch";
@@ -137,7 +142,10 @@ int run_bench(const BenchArgs& a) {
     if (synthetic) {
       if (prefill_tokens > 0) {
         const int64_t id = next_id++;
+        const bool profiled = a.profile_prefill && rep == a.repeats - 1;
+        if (profiled) s.ops().profiler_recording(true);
         prefill_rates.push_back(prefill(id, prefill_tokens, nullptr));
+        if (profiled) s.ops().profiler_recording(false);
         StepPlan release;
         release.release.push_back(id);
         s.engine().step(release);
@@ -274,6 +282,10 @@ CommandRunner add_bench_command(CLI::App& app) {
   cmd->add_option("--profile-steps", a->profile_steps,
                   "Record N decode steps of the last repeat for a device profiler started with recording "
                   "off (ncu --profile-from-start off)");
+  cmd->add_flag(
+      "--profile-prefill", a->profile_prefill,
+      "Record the last repeat's timed prefill (--prefill-tokens) for a device profiler started with "
+      "recording off");
   return [a] { return run_bench(*a); };
 }
 
