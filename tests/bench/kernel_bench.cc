@@ -67,8 +67,8 @@ double eager_seconds(Ops& ops, const std::function<void()>& op) {
   return median(t);
 }
 
-double copy_bandwidth(Ops& ops) {
-  Tensor a = ops.zeros({int64_t{2} << 30}, DType::kU8), b = ops.zeros({int64_t{2} << 30}, DType::kU8);
+double copy_bandwidth(Ops& ops, int64_t bytes) {
+  Tensor a = ops.zeros({bytes}, DType::kU8), b = ops.zeros({bytes}, DType::kU8);
   std::vector<double> rates;
   for (int r = 0; r < 5; ++r)
     rates.push_back(2.0 * static_cast<double>(a.nbytes()) / seconds_of(ops, [&] { ops.copy(a, b); }));
@@ -233,17 +233,20 @@ void mla_decode_case(Ops& ops, int64_t batch, int64_t heads, int64_t keys, doubl
         t, bytes, bw);
 }
 
-int run() {
+// small_ops_only: the small decode ops alone, in 1 GB of device memory (so that a profiler replaying
+// their kernels has little memory to save and restore).
+int run(bool small_ops_only) {
   std::string why;
   if (cuda_device_count(&why) == 0) {
     std::cerr << "kernel_bench: no GPU: " << why << "\n";
     return 1;
   }
   std::unique_ptr<Ops> ops = make_ops(Device::kCuda, BackendOptions{});
-  ops->reserve_workspace(int64_t{32} << 30);
-  const double bw = copy_bandwidth(*ops);
+  ops->reserve_workspace(small_ops_only ? int64_t{256} << 20 : int64_t{32} << 30);
+  const double bw = copy_bandwidth(*ops, small_ops_only ? int64_t{256} << 20 : int64_t{2} << 30);
   std::cout << nlohmann::json{{"op", "copy"}, {"gb_s", bw / 1e9}}.dump() << std::endl;
   decode_small_op_cases(*ops, bw);
+  if (small_ops_only) return 0;
   for (int64_t b : {1, 8, 64}) kda_decode_case(*ops, b, bw);
   for (int64_t b : {1, 8, 64}) kda_decode_gated_case(*ops, b, bw);
   for (int64_t b : {1, 4}) {
@@ -258,9 +261,14 @@ int run() {
 }  // namespace
 }  // namespace hlm
 
-int main() {
+int main(int argc, char** argv) {
+  const bool small_ops_only = argc == 2 && std::string(argv[1]) == "--small-ops";
+  if (argc > 1 && !small_ops_only) {
+    std::cerr << "usage: kernel_bench [--small-ops]\n";
+    return 2;
+  }
   try {
-    return hlm::run();
+    return hlm::run(small_ops_only);
   } catch (const std::exception& e) {
     std::cerr << "kernel_bench: " << e.what() << "\n";
     return 1;

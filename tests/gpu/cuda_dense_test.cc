@@ -90,9 +90,10 @@ TEST_F(CudaDense, NormsAndElementwise) {
   EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->rms_norm(gpu->upload(x), to_gpu_bf16(*gpu, w), 1e-5f)),
                    cpu_->rms_norm(x, w, 1e-5f)),
             kBf16Out);
-  // The fused residual step, on a row wider than the kernel keeps in registers (5000 > 4096) and a BF16
-  // addend: h += a exactly as add_inplace (F32), then the same norm.
-  for (int64_t dim : {2304, 5000}) {
+  // The fused residual step with a BF16 addend: h += a exactly as add_inplace (F32), then the same norm;
+  // and the plain norm. Widths for both kernels: multiples of 8 up to 8192 take the vectorized one (2304,
+  // 5000), others the per-element one (1003; 9000, wider than it keeps in registers).
+  for (int64_t dim : {2304, 5000, 1003, 9000}) {
     Tensor h = random_f32({3, dim}, rng_, -3.0f, 3.0f);
     Tensor a = round_bf16(random_f32({3, dim}, rng_, -1.0f, 1.0f));
     Tensor wd = round_bf16(random_f32({dim}, rng_, 0.5f, 1.5f));
@@ -102,6 +103,10 @@ TEST_F(CudaDense, NormsAndElementwise) {
     Tensor want = cpu_->add_rms_norm(h_cpu, a, wd, 1e-5f);
     EXPECT_LE(rel_l2(gpu->to_host_f32(hg), h_cpu), kF32Out) << "h after add_rms_norm, D " << dim;
     EXPECT_LE(rel_l2(gpu->to_host_f32(got), want), kBf16Out) << "add_rms_norm, D " << dim;
+    EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->rms_norm(gpu->upload(h), to_gpu_bf16(*gpu, wd), 1e-5f)),
+                     cpu_->rms_norm(h, wd, 1e-5f)),
+              kBf16Out)
+        << "rms_norm, D " << dim;
   }
 
   Tensor g = round_bf16(random_f32({13, 300}, rng_, -6.0f, 6.0f));
