@@ -30,6 +30,7 @@ constexpr int kListThreads = 1024;    // the work-list kernel is one CTA
 constexpr int kExpertsPerThread = 4;  // local experts each work-list thread scans
 constexpr int kMaxLocalExperts = kListThreads * kExpertsPerThread;
 constexpr int kCombineThreads = 256;
+constexpr int kCombineMaxSlots = 16;  // top_k up to this (K3: 16) takes combine_kernel's unrolled path
 
 enum class WFormat { kBf16, kF32, kMxfp4 };
 
@@ -452,13 +453,36 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams 
   const int64_t d4 = static_cast<int64_t>(blockIdx.y) * kCombineThreads + threadIdx.x;
   if (d4 * 4 >= p.hidden) return;
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int j = 0; j < p.top_k; ++j) {
-    const int64_t pair = t * p.top_k + j;
-    const int64_t e = static_cast<int64_t>(p.idx[pair]) - p.expert_begin;
-    if (e < 0 || e >= p.local) continue;
-    const float w = p.weights[pair];
-    const float4 v = reinterpret_cast<const float4*>(p.y + pair * p.hidden)[d4];
+  auto add_slot = [&](float w, float4 v) {
     acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+  };
+  if (p.top_k <= kCombineMaxSlots) {
+    // All slots' loads go out before any is added (a loop over a run-time top_k waited for each slot's
+    // expert id, then its row, in turn); the sum is still taken in slot order.
+    bool here[kCombineMaxSlots];
+    float w[kCombineMaxSlots];
+    float4 v[kCombineMaxSlots];
+#pragma unroll
+    for (int j = 0; j < kCombineMaxSlots; ++j) {
+      const int64_t pair = t * p.top_k + j;
+      const int64_t e = j < p.top_k ? static_cast<int64_t>(p.idx[pair]) - p.expert_begin : -1;
+      here[j] = e >= 0 && e < p.local;
+      if (here[j]) {
+        w[j] = p.weights[pair];
+        v[j] = reinterpret_cast<const float4*>(p.y + pair * p.hidden)[d4];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kCombineMaxSlots; ++j) {
+      if (here[j]) add_slot(w[j], v[j]);
+    }
+  } else {
+    for (int j = 0; j < p.top_k; ++j) {
+      const int64_t pair = t * p.top_k + j;
+      const int64_t e = static_cast<int64_t>(p.idx[pair]) - p.expert_begin;
+      if (e >= 0 && e < p.local)
+        add_slot(p.weights[pair], reinterpret_cast<const float4*>(p.y + pair * p.hidden)[d4]);
+    }
   }
   if (p.addend != nullptr) {
     float4 a;
