@@ -33,8 +33,10 @@ KdaLayer::KdaLayer(const LayerEnv& env, int layer, WeightSource& w) {
     w.load_into(k + parts[p] + "_proj", qkv_.slice(p * dl, (p + 1) * dl));
     w.load_into(k + parts[p] + "_conv", conv_.slice(p * dl, (p + 1) * dl));
   }
-  a_log_ = w.load(k + "a_log");
-  dt_bias_ = w.load(k + "dt_bias");
+  head_.a_log = w.load(k + "a_log");
+  head_.dt_bias = w.load(k + "dt_bias");
+  head_.lower_bound = static_cast<float>(c.kda_gate_lower_bound);
+  head_.eps = static_cast<float>(c.rms_norm_eps);
   f_a_ = w.load(k + "f_a");
   f_b_ = w.load(k + "f_b");
   b_proj_ = w.load(k + "b_proj");
@@ -47,10 +49,10 @@ KdaLayer::KdaLayer(const LayerEnv& env, int layer, WeightSource& w) {
   if (w.has(k + "a_log_tail")) {
     check_a_log_padding(w.read_host_f32(k + "a_log_tail"), w.spec(k + "a_log_tail").name);
   }
-  o_norm_ = w.load(k + "o_norm");
+  head_.o_norm = w.load(k + "o_norm");
   o_proj_ = w.load(k + "o_proj");
   check_shape(qkv_, {3 * dl, c.hidden_size}, "KDA qkv");
-  check_shape(a_log_, {heads_}, "KDA A_log shard");
+  check_shape(head_.a_log, {heads_}, "KDA A_log shard");
   check_shape(o_proj_, {c.hidden_size, dl}, "KDA o_proj shard");
 }
 
@@ -88,20 +90,15 @@ Tensor KdaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext
   Tensor beta_logits = ops.linear(x, b_proj_);          // [T, Hl]
   Tensor gate = (g_proj_.defined() ? ops.linear(x, g_proj_) : ops.linear(ops.linear(x, g_a_), g_b_))
                     .reshape({t, hl, hd});  // [T, Hl, V]
-  KdaHeadParams hp;
-  hp.a_log = a_log_;
-  hp.dt_bias = dt_bias_;
-  hp.lower_bound = static_cast<float>(env.cfg.kda_gate_lower_bound);
-  hp.o_norm = o_norm_;
-  hp.eps = static_cast<float>(env.cfg.rms_norm_eps);
 
   Tensor y;  // [T, Hl, V]
   if (ctx.decode_only) {
-    y = ops.kda_decode_gated(q, k, v, graw, beta_logits, gate, hp, ctx.seqs, recurrent_state_);
+    y = ops.kda_decode_gated(q, k, v, graw, beta_logits, gate, head_, ctx.seqs, recurrent_state_);
   } else {
-    Tensor g = ops.kda_gate(graw, hp.a_log, hp.dt_bias, hp.lower_bound).reshape({t, hl, hd});  // [T, Hl, K]
+    Tensor g =
+        ops.kda_gate(graw, head_.a_log, head_.dt_bias, head_.lower_bound).reshape({t, hl, hd});  // [T, Hl, K]
     Tensor o = ops.kda_prefill(q, k, v, g, ops.sigmoid(beta_logits), ctx.seqs, recurrent_state_);
-    y = ops.gated_rms_norm(o, gate, hp.o_norm, hp.eps);
+    y = ops.gated_rms_norm(o, gate, head_.o_norm, head_.eps);
   }
   Tensor out = ops.linear(y.reshape({t, dl}), o_proj_);  // [T, hidden], this rank's partial sum
   env.comm.all_reduce_sum(out, CommGroup::kWorld);

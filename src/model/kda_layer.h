@@ -28,15 +28,13 @@ class KdaLayer {
   int64_t head_dim_ = 0;
   Tensor qkv_;              // [3·Dl, hidden]: q, k and v rows of this rank's heads, fused into one GEMM
   Tensor conv_;             // [3·Dl, W]
-  Tensor a_log_;            // [Hl]
-  Tensor dt_bias_;          // [Dl]
+  KdaHeadParams head_;      // A_log [Hl], dt_bias [Dl], the gate's lower bound, o_norm [K] and its eps
   Tensor f_a_;              // [K, hidden]
   Tensor f_b_;              // [Dl, K]
   Tensor b_proj_;           // [Hl, hidden]
   Tensor g_a_;              // [K, hidden] (low-rank output gate)
   Tensor g_b_;              // [Dl, K]
   Tensor g_proj_;           // [Dl, hidden] (K3: full-rank output gate)
-  Tensor o_norm_;           // [K]
   Tensor o_proj_;           // [hidden, Dl]
   Tensor conv_state_;       // [slots, 3·Dl, W-1]
   Tensor recurrent_state_;  // [slots, Hl, K, V] fp32

@@ -108,47 +108,39 @@ void print(nlohmann::json j, double seconds, double bytes, double bandwidth) {
 
 constexpr int64_t kHeads = 32, kDim = 128;
 
-// KDA recurrent decode, one token per sequence: the fp32 state [B, H, K, V] read and written.
-void kda_decode_case(Ops& ops, int64_t batch, double bw) {
+// KDA decode, one token per sequence, on the same q, k, v and fp32 state [B, H, K, V] (its bytes read and
+// written are what each form must move): the recurrence alone (kda_decode, decays and beta precomputed);
+// the fused kda_decode_gated (gate, beta, recurrence and gated norm in one kernel); and the same work as
+// Ops::kda_decode_gated defines it, four separate ops.
+void kda_decode_cases(Ops& ops, int64_t batch, double bw) {
   Tensor q = random_tensor(ops, {batch, kHeads, kDim}, DType::kBF16, 1.0f, 0.0f, 1);
   Tensor k = random_tensor(ops, {batch, kHeads, kDim}, DType::kBF16, 1.0f, 0.0f, 2);
   Tensor v = random_tensor(ops, {batch, kHeads, kDim}, DType::kBF16, 1.0f, 0.0f, 3);
-  Tensor g = random_tensor(ops, {batch, kHeads, kDim}, DType::kF32, 0.05f, -0.1f, 4);  // log decays < 0
-  Tensor beta = random_tensor(ops, {batch, kHeads}, DType::kF32, 0.4f, 0.5f, 5);
   Tensor state = random_tensor(ops, {batch, kHeads, kDim, kDim}, DType::kF32, 0.05f, 0.0f, 6);
   const SeqBatch seqs = seq_batch(ops, batch, 1);
-  const double t = graph_seconds_per_call(ops, [&] { ops.kda_decode(q, k, v, g, beta, seqs, state); });
   const double bytes = 2.0 * static_cast<double>(state.nbytes());
-  print({{"op", "kda_decode"}, {"batch", batch}, {"heads", kHeads}, {"dim", kDim}}, t, bytes, bw);
-}
+  const nlohmann::json shape{{"batch", batch}, {"heads", kHeads}, {"dim", kDim}};
+  auto report = [&](const char* name, const std::function<void()>& op) {
+    nlohmann::json j = shape;
+    j["op"] = name;
+    print(j, graph_seconds_per_call(ops, op), bytes, bw);
+  };
 
-// The fused decode (kda_decode_gated: gate, beta, recurrence and gated norm in one kernel) at the shapes
-// of kda_decode_case, bytes counted the same way.
-void kda_decode_gated_case(Ops& ops, int64_t batch, double bw) {
-  Tensor q = random_tensor(ops, {batch, kHeads, kDim}, DType::kBF16, 1.0f, 0.0f, 1);
-  Tensor k = random_tensor(ops, {batch, kHeads, kDim}, DType::kBF16, 1.0f, 0.0f, 2);
-  Tensor v = random_tensor(ops, {batch, kHeads, kDim}, DType::kBF16, 1.0f, 0.0f, 3);
+  Tensor g = random_tensor(ops, {batch, kHeads, kDim}, DType::kF32, 0.05f, -0.1f, 4);  // log decays < 0
+  Tensor beta = random_tensor(ops, {batch, kHeads}, DType::kF32, 0.4f, 0.5f, 5);
+  report("kda_decode", [&] { ops.kda_decode(q, k, v, g, beta, seqs, state); });
+
   Tensor graw = random_tensor(ops, {batch, kHeads * kDim}, DType::kBF16, 2.0f, 0.0f, 4);
   Tensor beta_logits = random_tensor(ops, {batch, kHeads}, DType::kBF16, 2.0f, 0.0f, 5);
   Tensor out_gate = random_tensor(ops, {batch, kHeads, kDim}, DType::kBF16, 2.0f, 0.0f, 7);
-  Tensor state = random_tensor(ops, {batch, kHeads, kDim, kDim}, DType::kF32, 0.05f, 0.0f, 6);
   KdaHeadParams hp;
   hp.a_log = random_tensor(ops, {kHeads}, DType::kF32, 0.5f, -0.5f, 8);
   hp.dt_bias = random_tensor(ops, {kHeads * kDim}, DType::kF32, 1.0f, 0.0f, 9);
   hp.o_norm = random_tensor(ops, {kDim}, DType::kBF16, 0.5f, 1.0f, 10);
-  const SeqBatch seqs = seq_batch(ops, batch, 1);
-  const double bytes = 2.0 * static_cast<double>(state.nbytes());
-  const double fused = graph_seconds_per_call(
-      ops, [&] { ops.kda_decode_gated(q, k, v, graw, beta_logits, out_gate, hp, seqs, state); });
-  print({{"op", "kda_decode_gated"}, {"batch", batch}, {"heads", kHeads}, {"dim", kDim}}, fused, bytes, bw);
-  // The same work as the four separate ops (Ops::kda_decode_gated's definition).
-  const double separate = graph_seconds_per_call(ops, [&] {
-    const Tensor g = ops.kda_gate(graw, hp.a_log, hp.dt_bias, hp.lower_bound).reshape(q.shape());
-    const Tensor o = ops.kda_decode(q, k, v, g, ops.sigmoid(beta_logits), seqs, state);
-    ops.gated_rms_norm(o, out_gate, hp.o_norm, hp.eps);
-  });
-  print({{"op", "kda_decode_separate_ops"}, {"batch", batch}, {"heads", kHeads}, {"dim", kDim}}, separate,
-        bytes, bw);
+  report("kda_decode_gated",
+         [&] { ops.kda_decode_gated(q, k, v, graw, beta_logits, out_gate, hp, seqs, state); });
+  report("kda_decode_separate_ops",
+         [&] { ops.Ops::kda_decode_gated(q, k, v, graw, beta_logits, out_gate, hp, seqs, state); });
 }
 
 // The small ops of a batch-1 decode step of Kimi-Linear-48B (hidden 2304, 256 experts, top 8) one at a
@@ -247,8 +239,7 @@ int run(bool small_ops_only) {
   std::cout << nlohmann::json{{"op", "copy"}, {"gb_s", bw / 1e9}}.dump() << std::endl;
   decode_small_op_cases(*ops, bw);
   if (small_ops_only) return 0;
-  for (int64_t b : {1, 8, 64}) kda_decode_case(*ops, b, bw);
-  for (int64_t b : {1, 8, 64}) kda_decode_gated_case(*ops, b, bw);
+  for (int64_t b : {1, 8, 64}) kda_decode_cases(*ops, b, bw);
   for (int64_t b : {1, 4}) {
     for (int64_t t : {8192, 65536}) kda_prefill_case(*ops, b, t, bw);
   }

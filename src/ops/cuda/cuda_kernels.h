@@ -22,6 +22,27 @@
 
 namespace hlm::cuda {
 
+template <class T>
+struct TypeTag {
+  using type = T;
+};
+
+// The one switch from a float dtype to a kernel's element type: calls f(TypeTag<T>{}) with T = float or
+// __nv_bfloat16.
+template <class F>
+void dispatch_float(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::kF32:
+      f(TypeTag<float>{});
+      return;
+    case DType::kBF16:
+      f(TypeTag<__nv_bfloat16>{});
+      return;
+    default:
+      HLM_FAIL("{}: activations must be F32 or BF16, got {}", op, dtype_name(dtype));
+  }
+}
+
 // --- dense and element-wise (elementwise.cu, gemm.cc) -----------------------------------------------------
 // table [V, D] (BF16/F32), ids [T] I32 -> [T, D] F32 (the residual stream is kept in F32).
 Tensor embedding(CudaContext& ctx, const Tensor& table, const Tensor& ids);

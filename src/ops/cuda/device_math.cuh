@@ -22,6 +22,33 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
+// bf16 packing, one definition for every kernel: a bf16x2 word holds `lo` at the lower address, and
+// float -> bf16 rounds to nearest even.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ float2 unpack_bf16x2(uint32_t w) {
+  return {__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u)};
+}
+// Eight floats, given as the bits of two 16-byte words, as eight bf16 in one 16-byte word.
+__device__ __forceinline__ uint4 f32x8_to_bf16(const uint4& a, const uint4& b) {
+  return make_uint4(pack_bf16x2(__uint_as_float(a.x), __uint_as_float(a.y)),
+                    pack_bf16x2(__uint_as_float(a.z), __uint_as_float(a.w)),
+                    pack_bf16x2(__uint_as_float(b.x), __uint_as_float(b.y)),
+                    pack_bf16x2(__uint_as_float(b.z), __uint_as_float(b.w)));
+}
+// Eight bf16 in one 16-byte word as floats.
+__device__ __forceinline__ void bf16x8_to_f32(const uint4& q, float (&v)[8]) {
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = unpack_bf16x2(w[i]);
+    v[2 * i] = f.x;
+    v[2 * i + 1] = f.y;
+  }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

@@ -167,26 +167,15 @@ __device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 __device__ __forceinline__ void load8(const bf16* p, float (&v)[8]) {
-  const uint4 q = *reinterpret_cast<const uint4*>(p);
-  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    v[2 * i] = __uint_as_float(w[i] << 16);
-    v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
+  bf16x8_to_f32(*reinterpret_cast<const uint4*>(p), v);
 }
 __device__ __forceinline__ void store8(float* p, const float (&v)[8]) {
   reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
   reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
 }
 __device__ __forceinline__ void store8(bf16* p, const float (&v)[8]) {
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-    w[i] = *reinterpret_cast<const uint32_t*>(&pair);
-  }
-  *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+  *reinterpret_cast<uint4*>(p) = make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]),
+                                            pack_bf16x2(v[4], v[5]), pack_bf16x2(v[6], v[7]));
 }
 
 template <class XT, class WT, class AT>
@@ -439,20 +428,6 @@ Tensor embedding(CudaContext& ctx, const Tensor& table, const Tensor& ids) {
   return out;
 }
 
-template <class T>
-struct Type {
-  using type = T;
-};
-// Calls f(Type<bf16>{}) or f(Type<float>{}).
-template <class F>
-void dispatch_bf16_or_f32(bool is_bf16, F&& f) {
-  if (is_bf16) {
-    f(Type<bf16>{});
-  } else {
-    f(Type<float>{});
-  }
-}
-
 void launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
   if (p.rows == 0) return;
   HLM_CHECK(p.dim <= INT32_MAX, "rms_norm: row width {} exceeds the kernel's int range", p.dim);
@@ -462,8 +437,9 @@ void launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
   // Row starts stay 16-byte aligned when the base is and the width is a multiple of 8 elements.
   const bool vec = p.dim % 8 == 0 && p.dim <= 8 * kVecChunks * kThreads && aligned16(p.x.p) &&
                    aligned16(p.w.p) && aligned16(p.y) && (p.add.p == nullptr || aligned16(p.add.p));
-  dispatch_bf16_or_f32(p.x.is_bf16, [&](auto xt) {
-    dispatch_bf16_or_f32(p.w.is_bf16, [&](auto wt) {
+  auto dtype = [](const In& in) { return in.is_bf16 ? DType::kBF16 : DType::kF32; };
+  dispatch_float(dtype(p.x), "rms_norm", [&](auto xt) {
+    dispatch_float(dtype(p.w), "rms_norm", [&](auto wt) {
       using XT = typename decltype(xt)::type;
       using WT = typename decltype(wt)::type;
       if (p.add.p == nullptr) {
@@ -473,7 +449,7 @@ void launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
           launch_pdl(rms_norm_kernel<XT, WT, void>, rows, threads, 0, stream, p);
         }
       } else {
-        dispatch_bf16_or_f32(p.add.is_bf16, [&](auto at) {
+        dispatch_float(dtype(p.add), "rms_norm", [&](auto at) {
           using AT = typename decltype(at)::type;
           if (vec) {
             launch_pdl(rms_norm_vec_kernel<XT, WT, AT>, rows, kThreads, 0, stream, p);

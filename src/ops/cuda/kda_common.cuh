@@ -1,6 +1,6 @@
 // Pieces shared by the KDA kernels (kda_conv_gate.cu, kda_decode.cu, kda_prefill.cu): the device view of a
-// SeqBatch table, float tensors whose dtype is chosen at run time, the one switch over activation dtypes,
-// and the argument checks of the two KDA core ops.
+// SeqBatch table, float tensors whose dtype is chosen at run time, the head-size switch, and the argument
+// checks of the two KDA core ops.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -79,26 +79,6 @@ struct FloatInOut {
 };
 inline FloatIn float_in(const Tensor& t) { return FloatIn{t.raw(), t.dtype() == DType::kBF16}; }
 inline FloatInOut float_in_out(Tensor& t) { return FloatInOut{t.raw(), t.dtype() == DType::kBF16}; }
-
-template <class T>
-struct TypeTag {
-  using type = T;
-};
-
-// Calls f(TypeTag<T>{}) with T = float or __nv_bfloat16 for an activation dtype.
-template <class F>
-void dispatch_float(DType dtype, const char* op, F&& f) {
-  switch (dtype) {
-    case DType::kF32:
-      f(TypeTag<float>{});
-      return;
-    case DType::kBF16:
-      f(TypeTag<__nv_bfloat16>{});
-      return;
-    default:
-      HLM_FAIL("{}: activations must be F32 or BF16, got {}", op, dtype_name(dtype));
-  }
-}
 
 // Calls f(std::integral_constant<int, D>{}) for a head size with tiled KDA kernels (16, 32, 64, 128) and
 // returns true; false for any other size.

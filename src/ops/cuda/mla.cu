@@ -107,16 +107,10 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lower address) = lo
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
 // Eight consecutive query elements as bf16 (16 bytes).
 __device__ __forceinline__ uint4 load8_bf16(const bf16* p) { return *reinterpret_cast<const uint4*>(p); }
 __device__ __forceinline__ uint4 load8_bf16(const float* p) {
-  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-  return make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+  return f32x8_to_bf16(reinterpret_cast<const uint4*>(p)[0], reinterpret_cast<const uint4*>(p)[1]);
 }
 
 // --- the batch table ---------------------------------------------------------------------------------------
@@ -337,8 +331,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaPar
         pv[e] = key0 + e < kv ? expf(logit[e] - m_new) : 0.0f;
         sum += pv[e];
       }
-      *reinterpret_cast<uint4*>(probs + srow * kProbLd + spart * 8) = make_uint4(
-          pack_bf16(pv[0], pv[1]), pack_bf16(pv[2], pv[3]), pack_bf16(pv[4], pv[5]), pack_bf16(pv[6], pv[7]));
+      *reinterpret_cast<uint4*>(probs + srow * kProbLd + spart * 8) =
+          make_uint4(pack_bf16x2(pv[0], pv[1]), pack_bf16x2(pv[2], pv[3]), pack_bf16x2(pv[4], pv[5]),
+                     pack_bf16x2(pv[6], pv[7]));
       for (int o8 = 1; o8 < 8; o8 <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o8);
       l_run = l_run * alpha + sum;
       m_run = m_new;

@@ -127,11 +127,6 @@ __global__ void __launch_bounds__(kListThreads) build_work_list_kernel(WorkListP
   }
 }
 
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  uint32_t d;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));  // the first source goes high
-  return d;
-}
 __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   uint32_t d;
   asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
@@ -139,12 +134,6 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
 }
 __device__ __forceinline__ uint32_t component(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-__device__ __forceinline__ uint4 f32x8_to_bf16(const uint4& a, const uint4& b) {
-  return make_uint4(pack_bf16x2(__uint_as_float(a.x), __uint_as_float(a.y)),
-                    pack_bf16x2(__uint_as_float(a.z), __uint_as_float(a.w)),
-                    pack_bf16x2(__uint_as_float(b.x), __uint_as_float(b.y)),
-                    pack_bf16x2(__uint_as_float(b.z), __uint_as_float(b.w)));
 }
 
 // How a K chunk is split among the lanes. Dense: 64 columns, lane group t takes the 8-column runs at
@@ -488,8 +477,8 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams 
     float4 a;
     if (p.addend_bf16) {
       const uint2 raw = reinterpret_cast<const uint2*>(static_cast<const bf16*>(p.addend) + t * p.hidden)[d4];
-      a = make_float4(__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
-                      __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u));
+      const float2 lo = unpack_bf16x2(raw.x), hi = unpack_bf16x2(raw.y);
+      a = make_float4(lo.x, lo.y, hi.x, hi.y);
     } else {
       a = reinterpret_cast<const float4*>(static_cast<const float*>(p.addend) + t * p.hidden)[d4];
     }

@@ -22,13 +22,7 @@ constexpr int64_t kLogitKernelRows = 32;  // larger batches take their logits fr
 
 // Eight consecutive elements (16-byte aligned) as floats.
 __device__ __forceinline__ void load8(const bf16* p, float (&v)[8]) {
-  const uint4 q = __ldg(reinterpret_cast<const uint4*>(p));
-  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    v[2 * i] = __uint_as_float(w[i] << 16);
-    v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
+  bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(p)), v);
 }
 __device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
   const float4 a = __ldg(reinterpret_cast<const float4*>(p));

@@ -53,14 +53,9 @@ __device__ __forceinline__ void token_words(const XT* row, int64_t col, bool ins
     const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + col));
     b[0] = v.x, b[1] = v.y, b[2] = v.z, b[3] = v.w;
   } else {
-    const float4 lo = __ldg(reinterpret_cast<const float4*>(row + col));
-    const float4 hi = __ldg(reinterpret_cast<const float4*>(row + col + 4));
-    const float f[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const __nv_bfloat162 pair = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-      b[i] = *reinterpret_cast<const uint32_t*>(&pair);
-    }
+    const uint4 v = f32x8_to_bf16(__ldg(reinterpret_cast<const uint4*>(row + col)),
+                                  __ldg(reinterpret_cast<const uint4*>(row + col + 4)));
+    b[0] = v.x, b[1] = v.y, b[2] = v.z, b[3] = v.w;
   }
 }
 
