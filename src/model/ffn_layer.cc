@@ -55,8 +55,8 @@ void GluMlp::load(Ops& ops, WeightSource& w, const std::string& prefix, const ch
 }
 
 Tensor GluMlp::partial(Ops& ops, const Tensor& x, const ActivationParams& act) const {
-  Tensor h = ops.glu_packed(ops.linear(x, gate_up), act);  // [T, I_local]
-  return ops.linear(h, down);                              // [T, hidden]
+  Tensor h = ops.linear_glu(x, gate_up, act);  // [T, I_local]
+  return ops.linear(h, down);                  // [T, hidden]
 }
 
 DenseLayer::DenseLayer(const LayerEnv& env, int layer, WeightSource& w) {

@@ -15,6 +15,9 @@ void check_a_log_padding(const Tensor& tail, const std::string& name) {
   }
 }
 
+// The parts of KdaLayer::in_proj_.
+enum InputPart : size_t { kQ, kK, kV, kFa, kGateA, kBeta };
+
 }  // namespace
 
 KdaLayer::KdaLayer(const LayerEnv& env, int layer, WeightSource& w) {
@@ -25,33 +28,33 @@ KdaLayer::KdaLayer(const LayerEnv& env, int layer, WeightSource& w) {
   head_dim_ = c.kda_head_dim;
   const int64_t dl = heads_ * head_dim_;
 
-  // q, k and v rows (and their conv taps) fused into one tensor each, loaded slice by slice.
-  qkv_ = ops.empty({3 * dl, c.hidden_size}, ops.weight_dtype(w.stored_dtype(k + "q_proj")));
+  in_proj_ = FusedProjection(ops, w,
+                             {{k + "q_proj", true},
+                              {k + "k_proj", true},
+                              {k + "v_proj", true},
+                              {k + "f_a"},
+                              {k + (c.kda_full_rank_gate ? "g_proj" : "g_a")},
+                              {k + "b_proj"}},
+                             c.hidden_size);
+  // The conv taps of q, k and v fused likewise, as the conv runs over the three as one block.
   conv_ = ops.empty({3 * dl, c.kda_conv_kernel}, ops.weight_dtype(w.stored_dtype(k + "q_conv")));
   const char* parts[] = {"q", "k", "v"};
-  for (int64_t p = 0; p < 3; ++p) {
-    w.load_into(k + parts[p] + "_proj", qkv_.slice(p * dl, (p + 1) * dl));
-    w.load_into(k + parts[p] + "_conv", conv_.slice(p * dl, (p + 1) * dl));
-  }
+  for (int64_t p = 0; p < 3; ++p) w.load_into(k + parts[p] + "_conv", conv_.slice(p * dl, (p + 1) * dl));
   head_.a_log = w.load(k + "a_log");
   head_.dt_bias = w.load(k + "dt_bias");
   head_.lower_bound = static_cast<float>(c.kda_gate_lower_bound);
   head_.eps = static_cast<float>(c.rms_norm_eps);
-  f_a_ = w.load(k + "f_a");
   f_b_ = w.load(k + "f_b");
-  b_proj_ = w.load(k + "b_proj");
-  if (c.kda_full_rank_gate) {
-    g_proj_ = w.load(k + "g_proj");
-  } else {
-    g_a_ = w.load(k + "g_a");
-    g_b_ = w.load(k + "g_b");
-  }
+  if (!c.kda_full_rank_gate) g_b_ = w.load(k + "g_b");
   if (w.has(k + "a_log_tail")) {
     check_a_log_padding(w.read_host_f32(k + "a_log_tail"), w.spec(k + "a_log_tail").name);
   }
   head_.o_norm = w.load(k + "o_norm");
   o_proj_ = w.load(k + "o_proj");
-  check_shape(qkv_, {3 * dl, c.hidden_size}, "KDA qkv");
+  HLM_CHECK(in_proj_.rows(kQ) == dl && in_proj_.rows(kK) == dl && in_proj_.rows(kV) == dl,
+            "KDA layer {}: q, k and v shards of {}, {} and {} rows, expected {} each", layer,
+            in_proj_.rows(kQ), in_proj_.rows(kK), in_proj_.rows(kV), dl);
+  check_shape(f_b_, {dl, in_proj_.rows(kFa)}, "KDA f_b shard");
   check_shape(head_.a_log, {heads_}, "KDA A_log shard");
   check_shape(o_proj_, {c.hidden_size, dl}, "KDA o_proj shard");
 }
@@ -80,16 +83,18 @@ Tensor KdaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext
   Ops& ops = env.ops;
   const int64_t t = x.dim(0), hl = heads_, hd = head_dim_, dl = hl * hd;
 
-  Tensor qkv = ops.linear(x, qkv_);                            // [T, 3·Dl]
-  qkv = ops.short_conv(qkv, conv_, ctx.seqs, conv_state_);     // [T, 3·Dl] after silu
+  const Tensor proj = in_proj_.forward(ops, x);             // up to 16 rows: [T, 3·Dl + K + (K or Dl) + Hl]
+  Tensor qkv = in_proj_.parts(ops, x, proj, kQ, kV);        // [T, 3·Dl]
+  qkv = ops.short_conv(qkv, conv_, ctx.seqs, conv_state_);  // [T, 3·Dl] after silu
   Tensor q = ops.slice_last(qkv, 0, dl).reshape({t, hl, hd});  // [T, Hl, K]
   Tensor k = ops.slice_last(qkv, dl, 2 * dl).reshape({t, hl, hd});
   Tensor v = ops.slice_last(qkv, 2 * dl, 3 * dl).reshape({t, hl, hd});
 
-  Tensor graw = ops.linear(ops.linear(x, f_a_), f_b_);  // [T, Dl]
-  Tensor beta_logits = ops.linear(x, b_proj_);          // [T, Hl]
-  Tensor gate = (g_proj_.defined() ? ops.linear(x, g_proj_) : ops.linear(ops.linear(x, g_a_), g_b_))
-                    .reshape({t, hl, hd});  // [T, Hl, V]
+  Tensor graw = ops.linear(in_proj_.part(ops, x, proj, kFa), f_b_);  // [T, Dl]
+  Tensor beta_logits = in_proj_.part(ops, x, proj, kBeta);           // [T, Hl]
+  Tensor gate = in_proj_.part(ops, x, proj, kGateA);                 // [T, K] (g_a) or [T, Dl] (g_proj)
+  if (g_b_.defined()) gate = ops.linear(gate, g_b_);
+  gate = gate.reshape({t, hl, hd});  // [T, Hl, V]
 
   Tensor y;  // [T, Hl, V]
   if (ctx.decode_only) {

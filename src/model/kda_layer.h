@@ -3,6 +3,7 @@
 // It owns its per-sequence state: the conv window and the fp32 recurrent state, sized by local heads.
 #pragma once
 
+#include "model/fused_projection.h"
 #include "model/layer_env.h"
 #include "model/step_context.h"
 #include "model/weight_source.h"
@@ -26,15 +27,13 @@ class KdaLayer {
  private:
   int64_t heads_ = 0;  // local heads
   int64_t head_dim_ = 0;
-  Tensor qkv_;              // [3·Dl, hidden]: q, k and v rows of this rank's heads, fused into one GEMM
+  // Every projection of the layer input in one GEMM: q, k and v of this rank's heads [3·Dl], f_a [K],
+  // the output gate's g_a [K] (K3: its full-rank g_proj [Dl]) and b_proj [Hl] (kInputParts order).
+  FusedProjection in_proj_;
   Tensor conv_;             // [3·Dl, W]
   KdaHeadParams head_;      // A_log [Hl], dt_bias [Dl], the gate's lower bound, o_norm [K] and its eps
-  Tensor f_a_;              // [K, hidden]
   Tensor f_b_;              // [Dl, K]
-  Tensor b_proj_;           // [Hl, hidden]
-  Tensor g_a_;              // [K, hidden] (low-rank output gate)
-  Tensor g_b_;              // [Dl, K]
-  Tensor g_proj_;           // [Dl, hidden] (K3: full-rank output gate)
+  Tensor g_b_;              // [Dl, K] (low-rank output gate; undefined with K3's g_proj)
   Tensor o_proj_;           // [hidden, Dl]
   Tensor conv_state_;       // [slots, 3·Dl, W-1]
   Tensor recurrent_state_;  // [slots, Hl, K, V] fp32

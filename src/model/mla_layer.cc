@@ -9,6 +9,8 @@ namespace hlm {
 namespace {
 // kv_a_layernorm and q_a_layernorm use the RMSNorm class default, not rms_norm_eps (MODEL.md §4).
 constexpr float kLatentNormEps = 1e-6f;
+// The parts of MlaLayer::in_proj_ (kQ: q_proj, or q_a with q-LoRA).
+enum InputPart : size_t { kQ, kKvA, kGate };
 }  // namespace
 
 MlaLayer::MlaLayer(const LayerEnv& env, int layer, WeightSource& w) {
@@ -18,18 +20,20 @@ MlaLayer::MlaLayer(const LayerEnv& env, int layer, WeightSource& w) {
   chunk_heads_ = env.mapping.mla_chunk_heads(c.mla_heads).size();
   const int64_t qk = c.qk_head_dim(), lat = c.kv_lora_rank;
 
-  if (c.q_lora_rank == 0) {
-    q_proj_ = w.load(k + "q_proj").reshape({tp_heads_ * qk, c.hidden_size});
-  } else {
-    q_a_ = w.load(k + "q_a");
+  std::vector<FusedProjection::Part> parts = {{k + (c.q_lora_rank == 0 ? "q_proj" : "q_a")}, {k + "kv_a"}};
+  if (c.mla_output_gate) parts.push_back({k + "g_proj"});
+  in_proj_ = FusedProjection(env.ops, w, parts, c.hidden_size);
+  if (c.q_lora_rank != 0) {
     q_a_norm_ = w.load(k + "q_a_norm");
     q_b_ = w.load(k + "q_b").reshape({tp_heads_ * qk, c.q_lora_rank});
   }
-  kv_a_ = w.load(k + "kv_a");
+  HLM_CHECK(in_proj_.rows(kQ) == (c.q_lora_rank == 0 ? tp_heads_ * qk : c.q_lora_rank) &&
+                in_proj_.rows(kKvA) == c.mla_cache_dim(),
+            "MLA layer {}: query and kv_a shards of {} and {} rows do not match the config", layer,
+            in_proj_.rows(kQ), in_proj_.rows(kKvA));
   kv_a_norm_ = w.load(k + "kv_a_norm");
   w_uk_ = w.load(k + "w_uk");  // [H/tp, nope, L]
   w_uv_ = w.load(k + "w_uv");  // [H/N, v, L], applied transposed
-  if (c.mla_output_gate) g_proj_ = w.load(k + "g_proj");
   o_proj_ = w.load(k + "o_proj");
   check_shape(w_uk_, {tp_heads_, c.qk_nope_head_dim, lat}, "MLA W_UK shard");
   check_shape(w_uv_, {chunk_heads_, c.v_head_dim, lat}, "MLA W_UV shard");
@@ -41,13 +45,12 @@ void MlaLayer::allocate_cache(const LayerEnv& env, int64_t pages, int64_t tokens
       env.ops.zeros({pages, tokens_per_block, env.cfg.mla_cache_dim()}, env.ops.weight_dtype(DType::kBF16));
 }
 
-Tensor MlaLayer::project_queries(const LayerEnv& env, const Tensor& x) {
+Tensor MlaLayer::project_queries(const LayerEnv& env, const Tensor& x, const Tensor& proj) {
   const ModelConfig& c = env.cfg;
   Ops& ops = env.ops;
   const int64_t t = x.dim(0), nope = c.qk_nope_head_dim, qk = c.qk_head_dim();
-  Tensor q = c.q_lora_rank == 0
-                 ? ops.linear(x, q_proj_)
-                 : ops.linear(ops.rms_norm(ops.linear(x, q_a_), q_a_norm_, kLatentNormEps), q_b_);
+  Tensor q = in_proj_.part(ops, x, proj, kQ);  // [T, H/tp·qk] (q-LoRA: [T, r])
+  if (c.q_lora_rank != 0) q = ops.linear(ops.rms_norm(q, q_a_norm_, kLatentNormEps), q_b_);
   q = q.reshape({t, tp_heads_, qk});                                  // [T, H/tp, nope + R]
   Tensor q_abs = ops.head_matmul(ops.slice_last(q, 0, nope), w_uk_);  // [T, H/tp, L]
   return ops.concat_last(q_abs, ops.slice_last(q, nope, qk));         // [T, H/tp, L + R]
@@ -58,9 +61,10 @@ Tensor MlaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext
   Ops& ops = env.ops;
   const int64_t t = x.dim(0), lat = c.kv_lora_rank, dim = c.mla_cache_dim(), cp = env.mapping.cp;
 
-  Tensor q = project_queries(env, x);  // [T, H/tp, L + R]
+  const Tensor proj = in_proj_.forward(ops, x);  // up to 16 rows: [T, H/tp·qk (or r) + L + R (+ H/N·v)]
+  Tensor q = project_queries(env, x, proj);      // [T, H/tp, L + R]
 
-  Tensor ckv = ops.linear(x, kv_a_);                                                      // [T, L + R]
+  Tensor ckv = in_proj_.part(ops, x, proj, kKvA);                                         // [T, L + R]
   Tensor latent = ops.rms_norm(ops.slice_last(ckv, 0, lat), kv_a_norm_, kLatentNormEps);  // [T, L]
   Tensor entry = ops.concat_last(latent, ops.slice_last(ckv, lat, dim));                  // [T, L + R]
   ops.cache_write(entry, ctx.write_slots, cache_);
@@ -84,7 +88,7 @@ Tensor MlaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext
   }
   Tensor heads = ops.head_matmul(context, w_uv_, /*w_transposed=*/true)
                      .reshape({t, chunk_heads_ * c.v_head_dim});  // [T, H/N·v]
-  if (g_proj_.defined()) ops.sigmoid_gate_inplace(heads, ops.linear(x, g_proj_));
+  if (c.mla_output_gate) ops.sigmoid_gate_inplace(heads, in_proj_.part(ops, x, proj, kGate));
   Tensor out = ops.linear(heads, o_proj_);  // [T, hidden] partial
   env.comm.all_reduce_sum(out, CommGroup::kWorld);
   return out;

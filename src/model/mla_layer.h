@@ -6,6 +6,7 @@
 // serves prefill (causality is a per-query visible-key count) and decode.
 #pragma once
 
+#include "model/fused_projection.h"
 #include "model/layer_env.h"
 #include "model/step_context.h"
 #include "model/weight_source.h"
@@ -25,21 +26,21 @@ class MlaLayer {
   }
 
  private:
-  Tensor project_queries(const LayerEnv& env, const Tensor& x);  // [T, H/tp, L + R]
+  // x [T, hidden] and in_proj_'s output for it -> absorbed queries [T, H/tp, L + R]
+  Tensor project_queries(const LayerEnv& env, const Tensor& x, const Tensor& proj);
 
   int64_t tp_heads_ = 0;     // H / tp: heads whose queries this rank projects
   int64_t chunk_heads_ = 0;  // H / N: heads this rank finishes after the all-to-all
-  Tensor q_proj_;            // [H/tp·qk, hidden] (no q-LoRA)
-  Tensor q_a_;               // [r, hidden] (q-LoRA)
-  Tensor q_a_norm_;          // [r]
-  Tensor q_b_;               // [H/tp·qk, r]
-  Tensor kv_a_;              // [L + R, hidden]
-  Tensor kv_a_norm_;         // [L]
-  Tensor w_uk_;              // [H/tp, nope, L]
-  Tensor w_uv_;              // [H/N, v, L]
-  Tensor g_proj_;            // [H/N·v, hidden] (K3 output gate)
-  Tensor o_proj_;            // [hidden, H/N·v]
-  Tensor cache_;             // [pages, P, L + R]: normalized latent c | k_pe of the tokens this rank owns
+  // Every projection of the layer input in one GEMM: q_proj [H/tp·qk] (q-LoRA: q_a [r]), kv_a [L + R] and
+  // K3's output gate g_proj [H/N·v].
+  FusedProjection in_proj_;
+  Tensor q_a_norm_;   // [r]
+  Tensor q_b_;        // [H/tp·qk, r]
+  Tensor kv_a_norm_;  // [L]
+  Tensor w_uk_;       // [H/tp, nope, L]
+  Tensor w_uv_;       // [H/N, v, L]
+  Tensor o_proj_;     // [hidden, H/N·v]
+  Tensor cache_;      // [pages, P, L + R]: normalized latent c | k_pe of the tokens this rank owns
 };
 
 }  // namespace hlm

@@ -218,6 +218,13 @@ class Ops {
     const int64_t inter = gate_up.dim(1) / 2;
     return glu(slice_last(gate_up, 0, inter), slice_last(gate_up, inter, 2 * inter), act);
   }
+  // glu of a projection whose weight stacks the gate rows over the up rows: glu_packed(linear(x, gate_up)).
+  // x [T, D], gate_up [2I, D] -> [T, I]. Defined here (the CPU reference); a device backend may do both in
+  // one kernel, from the fp32 sums.
+  virtual Tensor linear_glu(const Tensor& x, const Tensor& gate_up, const ActivationParams& act) {
+    return glu_packed(linear(x, gate_up), act);
+  }
+
   virtual Tensor sigmoid(const Tensor& x) = 0;
   // y ⊙= sigmoid(gate), elementwise, same shape (K3's MLA output gate).
   virtual void sigmoid_gate_inplace(Tensor& y, const Tensor& gate) = 0;

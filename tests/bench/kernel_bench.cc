@@ -167,7 +167,9 @@ void decode_small_op_cases(Ops& ops, double bw) {
   report("moe_route", {{"rows", 1}, {"experts", kExperts}, {"dim", kHidden}},
          static_cast<double>(router_w.nbytes()),
          [&] { ops.moe_route(x, router_w, router_bias, rp, idx, weights); });
-  for (int64_t rows : {32, 128, 2048, 2304}) {  // KDA b_proj, f_a; shared-expert gate|up; o_proj
+  // KDA b_proj and f_a alone (now inside its fused input projection), the KDA input projection with them
+  // (12,576 rows: cuBLASLt), the shared-expert gate|up, o_proj.
+  for (int64_t rows : {32, 128, 12576, 2048, 2304}) {
     const int64_t cols = rows == 2304 ? 4096 : kHidden;
     Tensor w = random_tensor(ops, {rows, cols}, DType::kBF16, 0.05f, 0.0f, 36);
     Tensor in = random_tensor(ops, {1, cols}, DType::kBF16, 1.0f, 0.0f, 37);
@@ -177,6 +179,9 @@ void decode_small_op_cases(Ops& ops, double bw) {
   Tensor gate_up = random_tensor(ops, {1, 2048}, DType::kBF16, 2.0f, 0.0f, 38);
   report("glu_packed", {{"rows", 1}, {"dim", 1024}}, 2048 * 2.0 + 1024 * 2.0,
          [&] { ops.glu_packed(gate_up, ActivationParams{}); });
+  Tensor gate_up_w = random_tensor(ops, {2048, kHidden}, DType::kBF16, 0.05f, 0.0f, 39);
+  report("linear_glu", {{"rows", 1}, {"out", 1024}, {"in", kHidden}}, static_cast<double>(gate_up_w.nbytes()),
+         [&] { ops.linear_glu(x, gate_up_w, ActivationParams{}); });
 }
 
 // KDA chunked prefill of `batch` sequences of `tokens` each, from a zero state.

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <string>
+#include <tuple>
 
 #include "gpu_test_util.h"
 
@@ -66,6 +68,31 @@ TEST_F(CudaDense, LinearMatchesInBf16AndF32) {
         << "F32 w";
     // An F32 activation with BF16 weights is rounded to bf16 on the way in, as the CPU input was.
     EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->linear(gpu->upload(x), wg)), want), kBf16Out) << "F32 x";
+  }
+}
+
+// linear_glu: the skinny GEMM's GLU epilogue (gate row i and up row i in one CTA) up to 16 tokens, with I
+// off the 8-row tile; 17 tokens take linear + glu_packed. Both against the CPU's definition.
+TEST_F(CudaDense, LinearGluMatchesCpu) {
+  HLM_GPU_OR_SKIP(gpu);
+  for (auto [t, in, inter] :
+       {std::tuple{1, 2304, 1024}, std::tuple{5, 64, 20}, std::tuple{16, 200, 36}, std::tuple{17, 96, 24}}) {
+    Tensor x = round_bf16(random_f32({t, in}, rng_));
+    Tensor w = round_bf16(random_f32({2 * inter, in}, rng_, -0.2f, 0.2f));
+    for (Activation kind : {Activation::kSilu, Activation::kSitu}) {
+      ActivationParams act;
+      act.kind = kind;
+      const Tensor want = cpu_->linear_glu(x, w, act);
+      const std::string what = std::to_string(t) + "x" + std::to_string(in) + "x" + std::to_string(inter) +
+                               (kind == Activation::kSilu ? " silu" : " situ");
+      EXPECT_LE(
+          rel_l2(gpu->to_host_f32(gpu->linear_glu(to_gpu_bf16(*gpu, x), to_gpu_bf16(*gpu, w), act)), want),
+          kBf16Out)
+          << what;
+      EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->linear_glu(gpu->upload(x), to_gpu_bf16(*gpu, w), act)), want),
+                kBf16Out)
+          << what << ", F32 x";
+    }
   }
 }
 

@@ -247,6 +247,9 @@ TEST(CudaMoe, RouteRejectsMoreExpertsThanOneWarpRanks) {
   Tensor bias = gpu->upload(random_f32({1056}, rng));
   Tensor idx, weights;
   EXPECT_THROW(gpu->moe_route(x, w, bias, RouterParams{8, 1, 1, true, 1.0f}, idx, weights), Error);
+  // Lane r of the selecting warp keeps round r: at most 32 experts per token.
+  Tensor w64 = gpu->upload(random_f32({64, 64}, rng)), bias64 = gpu->upload(random_f32({64}, rng));
+  EXPECT_THROW(gpu->moe_route(x, w64, bias64, RouterParams{33, 1, 1, true, 1.0f}, idx, weights), Error);
 }
 
 // --- experts -----------------------------------------------------------------------------------------------
@@ -383,7 +386,9 @@ TEST(CudaMoe, ExpertsKimiLinearAndK3Shapes) {
                          Shape{3584, 3072, 4, 892, 896, 16, 0.25, true, Activation::kSitu}}) {
     const Experts ex = s.mxfp4 ? mxfp4_experts(*gpu, s.local, s.inter, s.hidden, 118, 122, 118, 122, rng)
                                : dense_experts(*gpu, s.local, s.inter, s.hidden, DType::kBF16, rng);
-    for (int64_t rows : {1, 64}) {
+    // T = 1 and (for Kimi Linear) 16: each GEMM CTA finds its expert from idx (at most 128 pairs); T = 64
+    // and K3's T = 16: the work-list kernel.
+    for (int64_t rows : {1, 16, 64}) {
       Tensor x = round_bf16(random_f32({rows, s.hidden}, rng));
       Tensor idx = random_routing(rows, s.k, s.total, s.begin, s.local, s.local_share, rng);
       Tensor weights = random_f32({rows, s.k}, rng, 0.1f, 1.5f);
@@ -512,6 +517,24 @@ TEST(CudaMoe, ExpertsEdgeRoutings) {
       expect_experts_match(*gpu, *cpu, x, idx, random_f32({1, 2}, rng, 0.1f, 1.5f), ex, 0, silu, DType::kBF16,
                            "single token" + fmt);
     }
+  }
+}
+
+// More local experts than one warp's mask words cover (1,100 > 1,024) take the work-list kernel even for a
+// decode-sized batch; 1,024 is the largest count the CTAs' own search takes, with experts in its last word.
+TEST(CudaMoe, ExpertsManyLocalExpertsSmallBatch) {
+  HLM_GPU_OR_SKIP(gpu);
+  auto cpu = make_cpu_ops();
+  std::mt19937 rng(58);
+  const int64_t hidden = 64, inter = 32, rows = 3, k = 4;
+  for (int64_t local : {1024, 1100}) {
+    const Experts ex = dense_experts(*gpu, local, inter, hidden, DType::kBF16, rng);
+    Tensor idx =
+        Tensor::from_vector_i32({rows, k}, {static_cast<int32_t>(local - 1), 0, 31, 32, 993,
+                                            static_cast<int32_t>(local - 1), 7, 500, 1, 1000, 1023, 992});
+    Tensor x = round_bf16(random_f32({rows, hidden}, rng));
+    expect_experts_match(*gpu, *cpu, x, idx, random_f32({rows, k}, rng, 0.1f, 1.5f), ex, 0,
+                         activation(Activation::kSilu), DType::kBF16, "E_l " + std::to_string(local));
   }
 }
 

@@ -24,6 +24,7 @@ CudaContext::CudaContext(int device) : device_(device) {
 
 CudaContext::~CudaContext() {
   cudaStreamSynchronize(stream_);
+  *alive_ = false;
   arena_.reset();
   for (cudaEvent_t e : pinned_free_) {
     if (e != nullptr) cudaEventDestroy(e);
@@ -51,7 +52,21 @@ Tensor CudaContext::empty(const Shape& shape, DType dtype) {
                human_bytes(static_cast<int64_t>(free)), human_bytes(static_cast<int64_t>(total)),
                cudaGetErrorString(err));
     }
-    storage = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+    // cudaFree does not wait for kernels still queued on a non-blocking stream: an op's temporaries, freed
+    // as the op returns, could be read after their memory was gone (compute-sanitizer on an H200 caught
+    // the routed experts' down GEMM reading one, with 1,024 local experts). So the deleter first waits for
+    // this context's stream, which every op of the context runs on (not during a capture, which a wait
+    // would end).
+    std::shared_ptr<bool> alive = alive_;
+    cudaStream_t stream = stream_;
+    storage = std::shared_ptr<void>(p, [alive, stream](void* q) {
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      if (*alive && cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
+          capture == cudaStreamCaptureStatusNone) {
+        cudaStreamSynchronize(stream);
+      }
+      cudaFree(q);
+    });
   }
   void* data = storage.get();
   return Tensor::wrap(data, shape, dtype, Device::kCuda, std::move(storage));

@@ -56,6 +56,7 @@ class CudaContext {
   cublasLtHandle_t cublaslt_ = nullptr;
   void* gemm_workspace_ = nullptr;
   size_t gemm_workspace_bytes_ = 0;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // false once destroyed (tensor deleters)
   void* pinned_ = nullptr;
   size_t pinned_bytes_ = 0;
   cudaEvent_t pinned_free_[2] = {nullptr, nullptr};

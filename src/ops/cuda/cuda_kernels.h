@@ -48,10 +48,15 @@ void dispatch_float(DType dtype, const char* op, F&& f) {
 Tensor embedding(CudaContext& ctx, const Tensor& table, const Tensor& ids);
 // x [T, in] (BF16/F32), w [out, in] (BF16/F32) -> [T, out] BF16 (F32 with f32_out); fp32 accumulation.
 Tensor linear(CudaContext& ctx, const Tensor& x, const Tensor& w, bool f32_out);
+// Ops::linear_glu: one skinny-GEMM launch where it applies, else its definition.
+Tensor linear_glu(CudaContext& ctx, const Tensor& x, const Tensor& gate_up, const ActivationParams& act);
 // The decode-size path of linear (skinny_gemm.cu): whether it takes x [T, K] · w [M, K]ᵀ (T <= 16, BF16 w,
 // K % 8 == 0, 16-byte aligned), and the GEMM itself into y [T, M] (BF16 or F32); x BF16 or F32.
 bool skinny_gemm_applies(const Tensor& x, const Tensor& w);
 void skinny_gemm(CudaContext& ctx, const Tensor& x, const Tensor& w, Tensor& y);
+// y [T, I] = glu of x · gate_upᵀ, gate_up [2I, K] stacking gate over up rows (Ops::linear_glu).
+void skinny_gemm_glu(CudaContext& ctx, const Tensor& x, const Tensor& gate_up, const ActivationParams& act,
+                     Tensor& y);
 // x [..., D] (BF16/F32), w [D] -> BF16: w · bf16(x · rsqrt(mean(x²) + eps)) (docs/MODEL.md §4).
 Tensor rms_norm(CudaContext& ctx, const Tensor& x, const Tensor& w, float eps);
 // h += a, then rms_norm(h, w, eps), in one kernel (Ops::add_rms_norm).

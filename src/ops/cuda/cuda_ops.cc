@@ -154,6 +154,9 @@ class CudaOps final : public Ops {
   Tensor linear(const Tensor& x, const Tensor& w, bool f32_out) override {
     return cuda::linear(ctx_, x, w, f32_out);
   }
+  Tensor linear_glu(const Tensor& x, const Tensor& gate_up, const ActivationParams& act) override {
+    return cuda::linear_glu(ctx_, x, gate_up, act);
+  }
   Tensor rms_norm(const Tensor& x, const Tensor& w, float eps) override {
     return cuda::rms_norm(ctx_, x, w, eps);
   }

@@ -149,6 +149,18 @@ Tensor linear(CudaContext& ctx, const Tensor& x, const Tensor& w, bool f32_out) 
   return y;
 }
 
+Tensor linear_glu(CudaContext& ctx, const Tensor& x, const Tensor& gate_up, const ActivationParams& act) {
+  expect_cuda(x, "linear_glu", "x", {DType::kBF16, DType::kF32}, 2, "[T, in]");
+  expect_cuda(gate_up, "linear_glu", "gate_up", {DType::kBF16, DType::kF32}, 2, "[2I, in]");
+  expect_dim(gate_up, 1, x.dim(1), "linear_glu", "gate_up [2I, in]", "the input width of x [T, in]");
+  HLM_CHECK(gate_up.dim(0) % 2 == 0, "linear_glu: gate_up must stack [2I, in] gate and up rows, got {}",
+            gate_up.describe());
+  if (!skinny_gemm_applies(x, gate_up)) return glu_packed(ctx, linear(ctx, x, gate_up, false), act);
+  Tensor y = ctx.empty({x.dim(0), gate_up.dim(0) / 2}, DType::kBF16);  // [T, I]
+  skinny_gemm_glu(ctx, x, gate_up, act, y);
+  return y;
+}
+
 Tensor head_matmul(CudaContext& ctx, const Tensor& x, const Tensor& w, bool w_transposed) {
   expect_cuda(x, "head_matmul", "x", {DType::kBF16, DType::kF32}, 3, "[T, H, a]");
   expect_cuda(w, "head_matmul", "w", {DType::kBF16, DType::kF32}, 3,

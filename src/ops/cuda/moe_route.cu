@@ -18,6 +18,7 @@ constexpr int kLogitSplit = 4;
 constexpr int kLogitExperts = kLogitWarps / kLogitSplit;
 constexpr int kSelectWarps = 2;  // tokens per selection CTA, one warp each
 constexpr int kMaxExperts = 1024;
+constexpr int kMaxTopK = 32;
 constexpr int64_t kLogitKernelRows = 32;  // larger batches take their logits from cuBLASLt (moe_route)
 
 // Eight consecutive elements (16-byte aligned) as floats.
@@ -121,10 +122,10 @@ struct RouterSelectParams {
   float scaling;
 };
 
-// Shared floats per warp of the selection kernel: score [E], choice [E], group score [G], kept [G],
-// chosen [k].
+// Shared floats per warp of the selection kernel, used only with expert groups: choice [E], group score
+// [G], kept [G].
 __host__ __device__ int select_smem_floats(const RouterSelectParams& p) {
-  return 2 * p.experts + 2 * p.groups + p.top_k;
+  return p.groups > 1 ? p.experts + 2 * p.groups : 0;
 }
 
 // (v, i) beats (w, j): larger value, ties to the lower index. An empty candidate is (-inf, INT_MAX).
@@ -142,49 +143,59 @@ __device__ __forceinline__ void warp_argmax(float& v, int& i) {
 // NaN never wins a comparison, so it is ranked as -inf; every round then has a real winner.
 __device__ __forceinline__ float ranked(float v) { return isnan(v) ? -INFINITY : v; }
 
-// One warp per token (kSelectWarps tokens per CTA, no CTA-wide sync). Lane l owns experts j·32 + l for
-// j < kVpl and keeps their biased scores (`choice`) in registers, with a bit mask of the ones still
-// selectable. Steps:
-//  1. score = sigmoid(logit) and choice = score + bias, also written to the warp's shared arrays.
-//  2. Groups (G > 1): the warp takes the groups one after another, each lane keeping the top two of its
-//     strided members, merged across lanes; then topk_group rounds of warp argmax keep the best groups
-//     and the experts of the other groups leave the mask.
-//  3. top_k rounds of warp argmax over the lanes' best remaining experts; the winner's owner clears it.
-//  4. The raw scores of the chosen experts, summed in selection order, give the weights.
+// The bias of the experts lane `lane` owns (j·32 + lane, j < kVpl); the bias is a weight, so its loads may
+// go out before the wait for the logits.
 template <int kVpl>
-__global__ void __launch_bounds__(kSelectWarps * 32) router_select_kernel(RouterSelectParams p) {
-  pdl_wait();
-  pdl_trigger();
-  extern __shared__ float smem[];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kSelectWarps + warp;
-  if (t >= p.tokens) return;
-  float* score = smem + warp * select_smem_floats(p);          // [E]
-  float* choice = score + p.experts;                           // [E]
+__device__ __forceinline__ void load_bias(const RouterSelectParams& p, int lane, float (&bias)[kVpl]) {
+#pragma unroll
+  for (int j = 0; j < kVpl; ++j) {
+    const int e = j * 32 + lane;
+    bias[j] = 0.0f;
+    if (e < p.experts) {
+      bias[j] = p.bias_bf16 ? __bfloat162float(static_cast<const bf16*>(p.bias)[e])
+                            : static_cast<const float*>(p.bias)[e];
+    }
+  }
+}
+
+// The selection for token t by one warp (smem: the warp's select_smem_floats). Lane l owns experts
+// j·32 + l for j < kVpl and keeps their scores and biased scores (`choice`) in registers, with a bit mask
+// of the ones still selectable. Steps:
+//  1. score = sigmoid(logit) and choice = score + bias.
+//  2. Groups (G > 1): choice goes to the warp's shared array; the warp takes the groups one after another,
+//     each lane keeping the top two of its strided members, merged across lanes; then topk_group rounds of
+//     warp argmax keep the best groups and the experts of the other groups leave the mask.
+//  3. top_k rounds of warp argmax over the lanes' best remaining experts; the winner's owner clears it and
+//     passes its raw score to every lane, which add it to the sum in selection order; lane r keeps round
+//     r's expert and score, so nothing goes through memory before the outputs.
+template <int kVpl>
+__device__ void select_token(const RouterSelectParams& p, int64_t t, int lane, const float (&bias)[kVpl],
+                             float* smem) {
+  float* choice = smem;                                        // [E] (groups only)
   float* group_score = choice + p.experts;                     // [G]
   int* kept = reinterpret_cast<int*>(group_score + p.groups);  // [G]
-  int* chosen = kept + p.groups;                               // [k]
   const float* logits = p.logits + t * p.experts;
 
-  float c[kVpl];
+  float score[kVpl], c[kVpl];
   uint32_t selectable = 0;
 #pragma unroll
   for (int j = 0; j < kVpl; ++j) {
     const int e = j * 32 + lane;
+    score[j] = 0.0f;
     c[j] = -INFINITY;
     if (e < p.experts) {
-      const float s = logistic(logits[e]);
-      const float b = p.bias_bf16 ? __bfloat162float(static_cast<const bf16*>(p.bias)[e])
-                                  : static_cast<const float*>(p.bias)[e];
-      c[j] = ranked(s + b);
-      score[e] = s;
-      choice[e] = c[j];
+      score[j] = logistic(logits[e]);
+      c[j] = ranked(score[j] + bias[j]);
       selectable |= 1u << j;
     }
   }
-  __syncwarp();
-
   if (p.groups > 1) {
+#pragma unroll
+    for (int j = 0; j < kVpl; ++j) {
+      const int e = j * 32 + lane;
+      if (e < p.experts) choice[e] = c[j];
+    }
+    __syncwarp();
     for (int g = 0; g < p.groups; ++g) {
       // The top two of the lane's members (a multiset: equal values count twice).
       float m1 = -INFINITY, m2 = -INFINITY;
@@ -227,6 +238,8 @@ __global__ void __launch_bounds__(kSelectWarps * 32) router_select_kernel(Router
     }
   }
 
+  float sum = 0.0f, my_score = 0.0f;  // sum: every lane, in selection order (the CPU op's order)
+  int my_expert = 0;
   for (int r = 0; r < p.top_k; ++r) {
     float bv = -INFINITY;
     int bi = INT_MAX;
@@ -235,19 +248,35 @@ __global__ void __launch_bounds__(kSelectWarps * 32) router_select_kernel(Router
       if (((selectable >> j) & 1u) && (bi == INT_MAX || c[j] > bv)) bv = c[j], bi = j * 32 + lane;
     }
     warp_argmax(bv, bi);
-    if ((bi & 31) == lane) selectable &= ~(1u << (bi >> 5));
-    if (lane == 0) chosen[r] = bi;
+    const int owner = bi & 31, slot = bi >> 5;
+    float won = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kVpl; ++j) won = j == slot ? score[j] : won;
+    won = __shfl_sync(0xffffffffu, won, owner);
+    if (owner == lane) selectable &= ~(1u << slot);
+    sum += won;
+    if (r == lane) my_expert = bi, my_score = won;
   }
-  __syncwarp();
-
-  float sum = 0.0f;  // every lane, in selection order (the CPU op's order)
-  for (int r = 0; r < p.top_k; ++r) sum += score[chosen[r]];
   const float denom = p.renormalize ? sum + 1e-20f : 1.0f;
-  for (int r = lane; r < p.top_k; r += 32) {
-    const int e = chosen[r];
-    p.idx[t * p.top_k + r] = e;
-    p.weights[t * p.top_k + r] = score[e] / denom * p.scaling;
+  if (lane < p.top_k) {
+    p.idx[t * p.top_k + lane] = my_expert;
+    p.weights[t * p.top_k + lane] = my_score / denom * p.scaling;
   }
+}
+
+// Grid ceil(T / kSelectWarps), one warp per token, no CTA-wide sync. (Measured on an H200 and dropped:
+// selecting in the last logits CTA to finish, counted through an atomic, instead of this second launch:
+// 3.19 against 3.17 ms per batch-1 step, 8.47 against 8.45 at batch 8.)
+template <int kVpl>
+__global__ void __launch_bounds__(kSelectWarps * 32) router_select_kernel(RouterSelectParams p) {
+  extern __shared__ float smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float bias[kVpl];
+  load_bias<kVpl>(p, lane, bias);
+  pdl_wait();
+  pdl_trigger();
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kSelectWarps + warp;
+  if (t < p.tokens) select_token<kVpl>(p, t, lane, bias, smem + warp * select_smem_floats(p));
 }
 
 void launch_router_select(const RouterSelectParams& p, cudaStream_t stream) {
@@ -295,9 +324,12 @@ void moe_route(CudaContext& ctx, const Tensor& x, const Tensor& w, const Tensor&
   expect_dim(bias, 0, experts, op, "bias [E]", "the expert count of w [E, D]");
   check_router_params(p, experts, op);
   const int64_t groups = p.num_expert_group, per_group = experts / groups;
-  // One warp ranks a token's experts from registers, at most 32 per lane.
+  // One warp ranks a token's experts from registers, at most 32 per lane, and lane r keeps round r.
   HLM_CHECK(experts <= kMaxExperts, "moe_route: the CUDA router takes at most {} experts, got {}",
             kMaxExperts, experts);
+  HLM_CHECK(p.top_k <= kMaxTopK,
+            "moe_route: the CUDA router selects at most {} experts per token, got top_k {}", kMaxTopK,
+            p.top_k);
   // The logits kernel reads 8 columns per 16-byte load.
   HLM_CHECK(hidden % 8 == 0 && aligned16(x.raw()) && aligned16(w.raw()),
             "moe_route: the CUDA router needs a hidden size divisible by 8 and 16-byte aligned x and w, got "
