@@ -408,10 +408,10 @@ __global__ void __launch_bounds__(kSplitK * 32) expert_gemm_kernel(ExpertGemmPar
   expert_gemm<F, XT, kTiles, kGateUp>(p);
 }
 
-// BF16 weights at up to 8 tokens: 7 CTAs per SM (at most 73 registers, no spills). Measured with ncu on an
-// H200 at batch 8: the down GEMM took 70 µs per call this way against 78 µs at 5 CTAs per SM. (A minimum
-// block count on every variant changes the others' register allocation too, and the larger tiles were
-// slower with it.)
+// BF16 weights at up to 8 tokens: at least 7 CTAs per SM (gate/up 64 registers, down 54, no spills).
+// Measured with ncu on an H200 at batch 8, with the same bound on an earlier form of this kernel: the down
+// GEMM took 70 µs per call against 78 µs without it. (A minimum block count on every variant changes the
+// others' register allocation too, and the larger tiles were slower with it.)
 template <class XT, bool kGateUp>
 __global__ void __launch_bounds__(kSplitK * 32, 7) expert_gemm_bf16_one_tile_kernel(ExpertGemmParams p) {
   expert_gemm<WFormat::kBf16, XT, 1, kGateUp>(p);
