@@ -27,6 +27,6 @@ status=${PIPESTATUS[0]}
 set -e
 echo
 echo "== GPU test summary ($(date -u +%Y-%m-%dT%H:%MZ), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
-grep -E '^([0-9]+: )?\[(cuda golden|gpu helix)\]' "$log" | sed 's/^/  /' || true
+grep -E '^([0-9]+: )?\[(cuda golden|gpu helix|gpu layer split)\]' "$log" | sed 's/^/  /' || true
 grep -E '^([0-9]+: )?\[  (PASSED|FAILED|SKIPPED) +\]|tests passed|tests failed|Skipped' "$log" | sed 's/^/  /' || true
 exit "$status"

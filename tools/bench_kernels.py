@@ -9,7 +9,8 @@ separately on each side (the shapes, dtypes and value ranges match; the values d
 object per measurement and a table with the ratio ours / peer in time.
 
 Needs torch, triton, einops and fla-core 0.6.0 (pip install fla-core==0.6.0; on a machine without a
-package index: pip install --no-deps the wheels).
+package index: pip install --no-deps the wheels). With --mla, only the MLA decode cases (kernel_bench --mla)
+and their PyTorch peer: torch alone.
 """
 import argparse
 import json
@@ -53,15 +54,11 @@ def eager_seconds(torch, op):
     return statistics.median(times)
 
 
-def peers(torch, copy_bw):
+def kda_peers(torch, copy_bw, rand):
     from fla.ops.kda import chunk_kda, fused_recurrent_kda
 
     dev = "cuda"
     out = []
-
-    def rand(shape, dtype, scale=1.0, offset=0.0):
-        return ((torch.rand(shape, device=dev, dtype=torch.float32) * 2 - 1) * scale + offset).to(dtype)
-
     for b in (1, 8, 64):
         q, k, v = (rand((b, 1, HEADS, DIM), torch.bfloat16) for _ in range(3))
         g = rand((b, 1, HEADS, DIM), torch.float32, 0.05, -0.1)
@@ -84,6 +81,18 @@ def peers(torch, copy_bw):
             t = eager_seconds(torch, op)
             out.append({"op": "kda_prefill", "impl": "fla chunk_kda", "batch": b, "tokens": tokens,
                         "us": t * 1e6, "tokens_per_s": b * tokens / t})
+    return out
+
+
+def peers(torch, copy_bw, mla_only):
+    dev = "cuda"
+    out = []
+
+    def rand(shape, dtype, scale=1.0, offset=0.0):
+        return ((torch.rand(shape, device=dev, dtype=torch.float32) * 2 - 1) * scale + offset).to(dtype)
+
+    if not mla_only:
+        out += kda_peers(torch, copy_bw, rand)
     for heads in (32, 96):
         for b in (1, 8):
             keys, latent, cache_dim = 65536, 512, 576
@@ -110,8 +119,10 @@ def key(m):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernel-bench", default="build/tests/bench/kernel_bench")
+    ap.add_argument("--mla", action="store_true", help="only the MLA decode cases (no fla needed)")
     args = ap.parse_args()
-    ours_text = subprocess.run([args.kernel_bench], check=True, capture_output=True, text=True).stdout
+    command = [args.kernel_bench] + (["--mla"] if args.mla else [])
+    ours_text = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     ours = [json.loads(line) for line in ours_text.splitlines() if line.startswith("{")]
     copy_bw = next(m["gb_s"] for m in ours if m["op"] == "copy") * 1e9
     for m in ours:
@@ -119,7 +130,7 @@ def main():
         print(json.dumps(m))
     import torch
 
-    theirs = peers(torch, copy_bw)
+    theirs = peers(torch, copy_bw, args.mla)
     for m in theirs:
         print(json.dumps(m))
     by_key = {key(m): m for m in theirs}

@@ -13,7 +13,14 @@
 //
 // On several GPUs (mpirun) with --no-cuda-graphs the report also splits the decode step on rank 0 into
 // communication (device time inside the collectives, waits for the other ranks included) and the rest.
+//
+// --layer-split times the sections of every decode step (the embedding, each KDA / MLA attention and
+// dense / MoE FFN, the head; model/step_sections.h) on rank 0's device, graph replays included, and
+// reports each kind per layer against its own floor: the bytes that section must move. `plan
+// --layer-times` extrapolates a whole model from this report. The marks add graph nodes, so the step time
+// of such a run is reported too but is not the plain step time.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -30,6 +37,7 @@
 #include "cli/format.h"
 #include "cli/session.h"
 #include "model/memory_plan.h"
+#include "model/step_sections.h"
 
 namespace hlm {
 
@@ -49,6 +57,7 @@ struct BenchArgs {
   bool json = false;
   int64_t profile_steps = 0;     // decode steps of the last repeat bracketed for a device profiler
   bool profile_prefill = false;  // also bracket the last repeat's timed prefill (synthetic contexts)
+  bool layer_split = false;      // time the step sections (model/step_sections.h)
 };
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -75,12 +84,65 @@ double measure_bandwidth(Ops& ops) {
   return median(rates);
 }
 
+// The sections of one timed step, summed by kind into `times` (a kind absent from the step adds 0).
+void add_sections(const std::vector<SectionTime>& step,
+                  std::array<std::vector<double>, kNumStepSections>& times) {
+  std::array<double, kNumStepSections> sum{};
+  for (const SectionTime& t : step) {
+    const auto it = std::find(kStepSectionNames.begin(), kStepSectionNames.end(), t.label);
+    HLM_CHECK(it != kStepSectionNames.end(), "bench: the model marked an unknown section '{}'", t.label);
+    sum[static_cast<size_t>(it - kStepSectionNames.begin())] += t.seconds;
+  }
+  for (int i = 0; i < kNumStepSections; ++i) times[i].push_back(sum[i]);
+}
+
+struct SectionReport {
+  std::string name;
+  int layers = 0;            // sections of this kind in one step
+  double seconds = 0;        // median per step, all of them
+  double floor_bytes = 0;    // per step, all of them
+  double floor_seconds = 0;  // floor_bytes over the copy bandwidth
+};
+
+// One row per kind the model has, in step order.
+std::vector<SectionReport> section_reports(const ModelConfig& cfg,
+                                           const std::array<std::vector<double>, kNumStepSections>& times,
+                                           const StepBytes& bytes, double bandwidth) {
+  const int moe = cfg.num_moe_layers();
+  const std::array<int, kNumStepSections> layers = {
+      1, cfg.num_kda_layers(), cfg.num_mla_layers(), static_cast<int>(cfg.num_layers) - moe, moe, 1};
+  std::vector<SectionReport> out;
+  for (int i = 0; i < kNumStepSections; ++i) {
+    if (layers[i] == 0) continue;
+    SectionReport r{kStepSectionNames[i], layers[i], median(times[i]), bytes.section[i],
+                    bytes.section[i] / bandwidth};
+    out.push_back(r);
+  }
+  return out;
+}
+
+void print_sections(const std::vector<SectionReport>& sections, double step) {
+  double sum = 0;
+  std::cout << fmt::format("{:<14} {:>6} {:>12} {:>13} {:>16} {:>8}\n", "section", "layers", "ms/step",
+                           "ms/layer", "floor ms/layer", "/floor");
+  for (const SectionReport& r : sections) {
+    sum += r.seconds;
+    std::cout << fmt::format("{:<14} {:>6} {:>12.4f} {:>13.4f} {:>16.4f} {:>8.2f}\n", r.name, r.layers,
+                             r.seconds * 1e3, r.seconds * 1e3 / r.layers, r.floor_seconds * 1e3 / r.layers,
+                             r.seconds / r.floor_seconds);
+  }
+  std::cout << fmt::format(
+      "sections sum to {:.3f} ms of the {:.3f} ms step (the rest: planning, uploads, sampling, gaps)\n",
+      sum * 1e3, step * 1e3);
+}
+
 int run_bench(const BenchArgs& a) {
   HLM_CHECK(a.context > 0 && a.batch > 0 && a.steps > 0 && a.repeats > 0 && a.prefill_chunk >= 0,
             "--context, --batch, --steps and --repeats must be positive, --prefill-chunk >= 0");
   HLM_CHECK(a.profile_steps >= 0 && a.profile_steps < a.steps, "--profile-steps must be in [0, --steps)");
   check_session_options(a.session);
   SessionOptions so = a.session;
+  so.section_timing = a.layer_split;
   const bool synthetic = a.synthetic < 0 ? so.random_weights : a.synthetic != 0;
   const Device device = resolve_device(so.device);
   const int64_t chunk = a.prefill_chunk > 0 ? a.prefill_chunk : (device == Device::kCuda ? 8192 : 512);
@@ -120,6 +182,7 @@ int run_bench(const BenchArgs& a) {
   const bool split = s.comm().size() > 1 && s.device() == Device::kCuda;
   s.comm().enable_timing(split);
   std::vector<double> prefill_rates, step_times, comm_times;
+  std::array<std::vector<double>, kNumStepSections> section_times;  // per timed step, seconds
   int64_t next_id = 0;
   // Prefill of `n` tokens of a new sequence in chunks; returns tokens/s and leaves the sequence alive.
   auto prefill = [&](int64_t id, int64_t n, std::vector<int32_t>* last) {
@@ -181,6 +244,7 @@ int run_bench(const BenchArgs& a) {
       step_times.push_back(seconds_since(t));
       if (profiled && step == profile_from + a.profile_steps - 1) s.ops().profiler_recording(false);
       if (split) comm_times.push_back(s.comm().take_collective_seconds());
+      if (a.layer_split) add_sections(s.ops().last_sections(), section_times);
       for (int32_t& x : next) x = std::max(x, 0);  // a non-finite row must not stop a benchmark
     }
     spdlog::info("bench: repeat {}/{} done", rep + 1, a.repeats);
@@ -201,6 +265,8 @@ int run_bench(const BenchArgs& a) {
       },
       kv_elem, kv_elem);
   const double floor = bytes.total() / bandwidth;
+  const std::vector<SectionReport> sections =
+      a.layer_split ? section_reports(cfg, section_times, bytes, bandwidth) : std::vector<SectionReport>{};
   const std::string model = so.random_weights ? so.config_path + " (random weights)" : so.model_dir;
   if (a.json) {
     nlohmann::json j;
@@ -229,6 +295,23 @@ int run_bench(const BenchArgs& a) {
       j["comm_ms_per_step"] = comm * 1e3;
       j["compute_ms_per_step"] = (step - comm) * 1e3;
     }
+    if (a.layer_split) {
+      // What `plan --layer-times` checks against the model it extrapolates.
+      j["model_type"] = cfg.model_type;
+      j["hidden_size"] = cfg.hidden_size;
+      j["num_experts"] = cfg.num_experts;
+      j["kv_bytes_per_value"] = kv_elem;
+      j["sections"] = nlohmann::json::array();
+      for (const SectionReport& r : sections) {
+        j["sections"].push_back({{"name", r.name},
+                                 {"layers", r.layers},
+                                 {"ms_per_step", r.seconds * 1e3},
+                                 {"ms_per_layer", r.seconds * 1e3 / r.layers},
+                                 {"floor_bytes", r.floor_bytes},
+                                 {"floor_ms_per_layer", r.floor_seconds * 1e3 / r.layers},
+                                 {"floor_ratio", r.seconds / r.floor_seconds}});
+      }
+    }
     std::cout << j.dump() << "\n";
     return 0;
   }
@@ -253,6 +336,7 @@ int run_bench(const BenchArgs& a) {
     std::cout << "split: decode steps ran as CUDA graphs, which are not timed per collective; run with "
                  "--no-cuda-graphs for the compute/communication split\n";
   }
+  if (a.layer_split) print_sections(sections, step);
   return 0;
 }
 
@@ -282,6 +366,9 @@ CommandRunner add_bench_command(CLI::App& app) {
   cmd->add_option("--profile-steps", a->profile_steps,
                   "Record N decode steps of the last repeat for a device profiler started with recording "
                   "off (ncu --profile-from-start off)");
+  cmd->add_flag("--layer-split", a->layer_split,
+                "Time each decode step's sections (embedding, KDA / MLA attention, dense / MoE FFN, head) "
+                "and report each per layer against its floor (the marks add graph nodes)");
   cmd->add_flag(
       "--profile-prefill", a->profile_prefill,
       "Record the last repeat's timed prefill (--prefill-tokens) for a device profiler started with "

@@ -3,7 +3,16 @@
 // layout rule (with the layouts that would work), the exact parameter count, per-rank weight bytes by
 // category, MLA KV bytes per token and at the requested context, KDA state per sequence, and totals for
 // a batch.
+//
+// With --layer-times (the JSON of `bench --layer-split`, run on one GPU over the first layers of the
+// model) it also extrapolates a whole decode step for the layout: each section kind keeps the time per
+// byte it took in that measurement, applied to the bytes one of the layout's ranks must move per layer
+// (in the dtypes the measured backend holds, KV included), times the model's layers of that kind.
+// Communication, and any fixed cost per layer that does not shrink with the bytes, are not in the estimate:
+// for N > 1 it is a lower bound.
 #include <algorithm>
+#include <array>
+#include <fstream>
 #include <iostream>
 #include <memory>
 
@@ -11,6 +20,7 @@
 #include <fmt/ranges.h>
 
 #include "base/checked_math.h"
+#include "base/json_parse.h"
 #include "cli/commands.h"
 #include "cli/format.h"
 #include "model/memory_plan.h"
@@ -29,6 +39,7 @@ struct PlanArgs {
   int64_t context = 131072;
   int64_t batch = 1;
   std::string kv_dtype = "bf16";
+  std::string layer_times;  // bench --layer-split --json output
 };
 
 std::string bytes_str(int64_t b) {
@@ -40,6 +51,97 @@ int64_t kv_value_bytes(const std::string& name) {
   if (name == "fp8") return 1;
   if (name == "f32") return 4;
   HLM_FAIL("--kv-dtype must be one of bf16, f16, fp8, f32 (got '{}')", name);
+}
+
+// The whole-model decode step for rank 0 of `m` from measured per-layer section times (see the header).
+void extrapolate_step(const ModelConfig& cfg, const Mapping& m, const PlanArgs& a,
+                      const StoredDType& dtype_of) {
+  const std::string& path = a.layer_times;
+  std::ifstream in(path);
+  HLM_CHECK(in, "--layer-times {}: cannot open the file", path);
+  // bench --json prints one object on one line; log lines may precede it in a saved output.
+  std::string line, report;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.front() == '{') report = line;
+  }
+  HLM_CHECK(!report.empty(),
+            "--layer-times {}: no JSON line: give it the output of `bench --layer-split --json`", path);
+  const nlohmann::json j = parse_json(report, path);
+  HLM_CHECK(j.is_object() && j.contains("sections") && j["sections"].is_array(),
+            "--layer-times {}: no \"sections\": give it the output of `bench --layer-split --json`", path);
+  auto field = [&](const nlohmann::json& o, const char* key) -> const nlohmann::json& {
+    HLM_CHECK(o.contains(key), "--layer-times {}: missing field \"{}\"", path, key);
+    return o[key];
+  };
+  HLM_CHECK(field(j, "model_type").get<std::string>() == cfg.model_type &&
+                field(j, "hidden_size").get<int64_t>() == cfg.hidden_size &&
+                field(j, "num_experts").get<int64_t>() == cfg.num_experts,
+            "--layer-times {}: measured on a {} model (hidden {}, {} experts), not this {} (hidden {}, {} "
+            "experts)",
+            path, j["model_type"].get<std::string>(), j["hidden_size"].get<int64_t>(),
+            j["num_experts"].get<int64_t>(), cfg.model_type, cfg.hidden_size, cfg.num_experts);
+  const int64_t batch = field(j, "batch").get<int64_t>();
+  HLM_CHECK(batch == a.batch,
+            "--layer-times {}: measured at batch {}, but --batch is {} (the experts a step touches, and so "
+            "the MoE bytes and their efficiency, depend on the batch)",
+            path, batch, a.batch);
+  const double bandwidth = field(j, "copy_bandwidth_gb_s").get<double>() * 1e9;
+  // The layout's bytes in the dtypes the measured backend holds (the CPU keeps every float weight as F32,
+  // a GPU keeps 16-bit floats as BF16), so that time per byte carries over.
+  const std::string device = field(j, "device").get<std::string>();
+  HLM_CHECK(device == "cpu" || device == "cuda", "--layer-times {}: unknown device \"{}\"", path, device);
+  const StoredDType held = [&](const WeightSpec& spec) {
+    const DType d = dtype_of(spec);
+    if (d == DType::kU8 || d == DType::kI32 || d == DType::kI64) return d;
+    return device == "cpu" ? DType::kF32 : (d == DType::kF16 ? DType::kBF16 : d);
+  };
+  const int64_t held_kv = field(j, "kv_bytes_per_value").get<int64_t>();
+  HLM_CHECK(held_kv == 1 || held_kv == 2 || held_kv == 4,
+            "--layer-times {}: kv_bytes_per_value {} is not 1, 2 or 4", path, held_kv);
+  const StepBytes bytes =
+      decode_step_bytes(cfg, m, a.context, a.batch, a.layout.tokens_per_block, held, held_kv, held_kv);
+  const int moe = cfg.num_moe_layers();
+  const std::array<int, kNumStepSections> layers = {
+      1, cfg.num_kda_layers(), cfg.num_mla_layers(), static_cast<int>(cfg.num_layers) - moe, moe, 1};
+  std::cout << fmt::format(
+      "decode step extrapolated from {} (measured: {} layers, {} context, batch {}, {:.0f} GB/s copy "
+      "bandwidth), rank 0 of this layout at {} tokens; communication not included:\n",
+      path, field(j, "layers").get<int64_t>(), field(j, "context").get<int64_t>(), batch, bandwidth / 1e9,
+      grouped(a.context));
+  std::cout << fmt::format("  {:<14} {:>6} {:>17} {:>16} {:>13} {:>10}\n", "section", "layers",
+                           "measured ms/layer", "layout ms/layer", "layout ms", "floor ms");
+  double total = 0, floor = 0;
+  for (int i = 0; i < kNumStepSections; ++i) {
+    if (layers[i] == 0) continue;
+    const nlohmann::json* measured = nullptr;
+    for (const nlohmann::json& sec : j["sections"]) {
+      if (field(sec, "name").get<std::string>() == kStepSectionNames[i]) measured = &sec;
+    }
+    HLM_CHECK(measured != nullptr,
+              "--layer-times {}: no {} section was measured, but the model has {} such layers: run the "
+              "bench with --num-layers covering one",
+              path, kStepSectionNames[i], layers[i]);
+    const double ms_per_layer = field(*measured, "ms_per_layer").get<double>();
+    const double measured_bytes =
+        field(*measured, "floor_bytes").get<double>() / field(*measured, "layers").get<double>();
+    const double layout_bytes = bytes.section[i] / layers[i];
+    HLM_CHECK(measured_bytes > 0, "--layer-times {}: section {} has no floor bytes", path,
+              kStepSectionNames[i]);
+    const double per_layer = ms_per_layer * layout_bytes / measured_bytes;
+    total += per_layer * layers[i];
+    floor += bytes.section[i] / bandwidth * 1e3;
+    std::cout << fmt::format("  {:<14} {:>6} {:>17.4f} {:>16.4f} {:>13.3f} {:>10.3f}\n", kStepSectionNames[i],
+                             layers[i], ms_per_layer, per_layer, per_layer * layers[i],
+                             bytes.section[i] / bandwidth * 1e3);
+  }
+  std::cout << fmt::format(
+      "  total {:.3f} ms per step ({:.1f} tokens/s), floor {:.3f} ms: {:.2f}x the floor\n", total,
+      a.batch / total * 1e3, floor, total / floor);
+  if (m.world() > 1) {
+    std::cout
+        << "  a lower bound: a layer's fixed cost (launches, latency) does not shrink with its bytes, and "
+           "the collectives are not counted\n";
+  }
 }
 
 int run_plan(const PlanArgs& a) {
@@ -125,6 +227,7 @@ int run_plan(const PlanArgs& a) {
                              bytes_str(total));
   }
   std::cout << fmt::format("largest rank total:{}\n", bytes_str(worst_total));
+  if (!a.layer_times.empty()) extrapolate_step(cfg, m0, a, dtype_of);
   return 0;
 }
 
@@ -145,6 +248,9 @@ CommandRunner add_plan_command(CLI::App& app) {
   cmd->add_option("--context", a->context, "Tokens per sequence")->capture_default_str();
   cmd->add_option("--batch", a->batch, "Sequences")->capture_default_str();
   cmd->add_option("--kv-dtype", a->kv_dtype, "MLA cache dtype: bf16, f16, fp8, f32")->capture_default_str();
+  cmd->add_option("--layer-times", a->layer_times,
+                  "JSON of `bench --layer-split --json`: extrapolate the whole model's decode step for this "
+                  "layout from its per-layer section times");
   return [a] { return run_plan(*a); };
 }
 

@@ -193,6 +193,7 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
   std::string why;
   if (device == Device::kCuda) bo.cuda_device = local_rank(rank) % std::max(1, cuda_device_count(&why));
   ops_ = make_ops(device, bo);
+  ops_->enable_sections(o.section_timing);  // before the decode graphs are captured
   spdlog::info("device: {}", device == Device::kCuda ? fmt::format("cuda:{}", bo.cuda_device) : "cpu");
   GpuCommOptions gco;
   gco.ll_all_reduce_max_bytes = o.ll_all_reduce_max_bytes;

@@ -51,6 +51,8 @@ struct SessionOptions {
   std::string config_path;
   bool random_weights = false;
   int num_layers = 0;
+  // Time the sections of every step (Ops::section; bench --layer-split).
+  bool section_timing = false;
 };
 
 // Adds -m, --tp, --cp, --moe-ep, --moe-tp, --threads, --tokens-per-block, --max-batch, --max-seq-len,

@@ -100,20 +100,31 @@ StepBytes decode_step_bytes(const ModelConfig& cfg, const Mapping& m, int64_t co
   StepBytes b;
   b.weights =
       static_cast<double>(w.total) - cat(WeightCategory::kRoutedExperts) - cat(WeightCategory::kEmbedding);
-  b.weights +=
+  const double embedding_rows =
       static_cast<double>(batch) * cat(WeightCategory::kEmbedding) / static_cast<double>(cfg.vocab_size);
+  b.weights += embedding_rows;
+  double touched_experts = 0;
   const double local = static_cast<double>(m.experts(cfg.num_experts).size());
   if (cfg.num_moe_layers() > 0 && local > 0) {
     const double per_expert = cat(WeightCategory::kRoutedExperts) / (cfg.num_moe_layers() * local);
     const double p = static_cast<double>(cfg.experts_per_token) / static_cast<double>(cfg.num_experts);
     const double touched = local * (1.0 - std::pow(1.0 - p, static_cast<double>(batch)));
-    b.weights += cfg.num_moe_layers() * touched * per_expert;
+    touched_experts = cfg.num_moe_layers() * touched * per_expert;
+    b.weights += touched_experts;
   }
   const StateBytes s = state_bytes(cfg, m, kv_bytes, conv_bytes);
   const Placement placement{tokens_per_block, m.cp};
   b.kv = static_cast<double>(batch) * static_cast<double>(placement.local_len(context, m.cp_rank())) *
          static_cast<double>(s.kv_per_token);
   b.state = 2.0 * static_cast<double>(batch) * static_cast<double>(s.kda_recurrent + s.kda_conv);
+  const auto section = [&](StepSection x) -> double& { return b.section[static_cast<size_t>(x)]; };
+  section(StepSection::kEmbedding) = embedding_rows;
+  section(StepSection::kKdaAttention) = cat(WeightCategory::kKda) + b.state;
+  section(StepSection::kMlaAttention) = cat(WeightCategory::kMla) + b.kv;
+  section(StepSection::kDenseFfn) = cat(WeightCategory::kDenseMlp);
+  section(StepSection::kMoeFfn) = cat(WeightCategory::kRouter) + touched_experts +
+                                  cat(WeightCategory::kSharedExperts) + cat(WeightCategory::kLatentMoe);
+  section(StepSection::kHead) = cat(WeightCategory::kLmHead);
   return b;
 }
 

@@ -10,6 +10,7 @@
 #include <functional>
 #include <string>
 
+#include "model/step_sections.h"
 #include "model/weight_layout.h"
 #include "ops/ops.h"
 #include "parallel/placement.h"
@@ -76,10 +77,15 @@ void check_cache_fits(const CacheSize& need, int64_t available, const std::strin
 // read (`kv_bytes` per value) and its KDA state (fp32 recurrent, `conv_bytes` per conv value) read and
 // written. Expert bytes come from the layout, so a latent MoE's experts count at their input width and
 // MXFP4 experts at their packed size.
+// `section` splits the same bytes by step section (step_sections.h): the embedding rows, the KDA weights and
+// state, the MLA weights and KV, the dense MLPs, the MoE layers' router, touched experts, shared experts
+// and latent projections, and lm_head. The per-layer norms and AttnRes vectors (under 0.1% of a step) are
+// in `weights` only.
 struct StepBytes {
   double weights = 0;
   double kv = 0;
   double state = 0;
+  std::array<double, kNumStepSections> section{};
   double total() const { return weights + kv + state; }
 };
 StepBytes decode_step_bytes(const ModelConfig& cfg, const Mapping& m, int64_t context, int64_t batch,

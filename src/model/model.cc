@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "base/log.h"
+#include "model/step_sections.h"
 
 namespace hlm {
 
@@ -109,6 +110,16 @@ Model::AttnResWeights Model::read_attn_res(WeightSource& w, const std::string& k
   return AttnResWeights{w.load(key + "_norm"), w.load(key + "_proj").reshape({cfg_.hidden_size})};
 }
 
+void Model::open_attention_section(const Layer& l) {
+  ops_.section(step_section_name(std::holds_alternative<KdaLayer>(l.attn) ? StepSection::kKdaAttention
+                                                                          : StepSection::kMlaAttention));
+}
+
+void Model::open_ffn_section(const Layer& l) {
+  ops_.section(step_section_name(std::holds_alternative<MoeLayer>(l.ffn) ? StepSection::kMoeFfn
+                                                                         : StepSection::kDenseFfn));
+}
+
 Tensor Model::attend(Layer& l, const Tensor& x, const StepContext& ctx) {
   const LayerEnv e = env();
   return std::visit([&](auto& attn) { return attn.forward(e, x, ctx); }, l.attn);
@@ -132,10 +143,14 @@ Tensor Model::residual_stack(Tensor h, const StepContext& ctx) {
   // h += a; x = rms_norm(h) with one kernel fewer per add on a device backend.
   const auto eps = static_cast<float>(cfg_.rms_norm_eps);
   if (layers_.empty()) return h;
+  // A section holds its sublayer and the residual add + norm that follows it.
+  open_attention_section(layers_.front());
   Tensor x = ops_.rms_norm(h, layers_.front().input_norm, eps);  // [T, hidden]
   for (size_t i = 0; i < layers_.size(); ++i) {
     Layer& l = layers_[i];
+    if (i > 0) open_attention_section(l);
     x = ops_.add_rms_norm(h, attend(l, x, ctx), l.post_attn_norm, eps);
+    open_ffn_section(l);
     Tensor f = feed(l, x);  // [T, hidden]
     if (i + 1 < layers_.size()) {
       x = ops_.add_rms_norm(h, f, layers_[i + 1].input_norm, eps);
@@ -156,6 +171,7 @@ Tensor Model::attn_res_stack(Tensor running, const StepContext& ctx) {
   };
   for (size_t i = 0; i < layers_.size(); ++i) {
     Layer& l = layers_[i];
+    open_attention_section(l);  // with the AttnRes mixes before it
     const Tensor input = snapshots.empty() ? running : mix(l.attn_res, running);
     Tensor a = attention(l, input, ctx);
     if (i % static_cast<size_t>(cfg_.attn_res_block_size) == 0) {
@@ -165,15 +181,20 @@ Tensor Model::attn_res_stack(Tensor running, const StepContext& ctx) {
     } else {
       ops_.add_inplace(running, a);
     }
+    open_ffn_section(l);
     ops_.add_inplace(running, feed_forward(l, mix(l.mlp_res, running)));
   }
+  ops_.section(step_section_name(StepSection::kHead));
   return mix(output_res_, running);
 }
 
 Tensor Model::forward(const StepContext& ctx) {
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  ops_.section(step_section_name(StepSection::kEmbedding));
   Tensor h = ops_.embedding(embed_, ctx.token_ids);  // [T, hidden]
   h = cfg_.attn_res_block_size > 0 ? attn_res_stack(h, ctx) : residual_stack(h, ctx);
+  // The head section opens in the stack (AttnRes mixes the final output there); a plain stack ends on an FFN.
+  if (cfg_.attn_res_block_size == 0) ops_.section(step_section_name(StepSection::kHead));
   Tensor last = ops_.rms_norm(ops_.gather_rows(h, ctx.logit_rows), final_norm_, eps);  // [R, hidden]
   Tensor logits = ops_.linear(last, lm_head_, /*f32_out=*/true);                       // [R, vocab / N]
   const int64_t rows = last.dim(0);
@@ -181,6 +202,7 @@ Tensor Model::forward(const StepContext& ctx) {
     // [N, R, V/N] -> [R, N, V/N] = [R, V]: shard n holds vocabulary rows [n·V/N, (n+1)·V/N).
     logits = ops_.transpose01(comm_.all_gather(logits, CommGroup::kWorld)).reshape({rows, cfg_.vocab_size});
   }
+  ops_.section(nullptr);
   return logits;
 }
 

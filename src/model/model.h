@@ -69,6 +69,9 @@ class Model {
   Tensor residual_stack(Tensor h, const StepContext& ctx);
   Tensor attn_res_stack(Tensor h, const StepContext& ctx);
   AttnResWeights read_attn_res(WeightSource& w, const std::string& key);
+  // Opens the timing section of a layer's attention or FFN (Ops::section; a no-op unless enabled).
+  void open_attention_section(const Layer& l);
+  void open_ffn_section(const Layer& l);
 
   LayerEnv env() { return LayerEnv{cfg_, mapping_, ops_, comm_}; }
 

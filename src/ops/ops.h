@@ -20,6 +20,7 @@
 
 #include "base/tensor.h"
 #include "config/model_config.h"
+#include "ops/section_marks.h"
 
 namespace hlm {
 
@@ -186,6 +187,14 @@ class Ops {
   // Starts (true) or stops (false) the device profiler's recording, so that `ncu --profile-from-start off`
   // records only the steps `bench --profile-steps` brackets (a no-op without a device profiler).
   virtual void profiler_recording(bool on) {}
+  // Section timing (`bench --layer-split`, section_marks.h). While enabled, section(label) ends the
+  // section open since the previous call and opens `label`; section(nullptr) ends the step's last one.
+  // last_sections() gives the labelled sections of the last step that ran (eager or a graph replay, whose
+  // captured marks record on every replay) with their device time; it waits for that step. Enable before
+  // any graph is captured; both are no-ops while disabled.
+  virtual void enable_sections(bool on) {}
+  virtual void section(const char* label) {}
+  virtual std::vector<SectionTime> last_sections() { return {}; }
   // Runs `body` once, recording its device work as a graph to replay (nullptr where the backend has no
   // graphs). The body's tensors must stay alive as long as the graph.
   virtual std::unique_ptr<StepGraph> capture(const std::function<void()>& body) {

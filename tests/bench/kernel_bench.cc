@@ -231,8 +231,8 @@ void mla_decode_case(Ops& ops, int64_t batch, int64_t heads, int64_t keys, doubl
 }
 
 // small_ops_only: the small decode ops alone, in 1 GB of device memory (so that a profiler replaying
-// their kernels has little memory to save and restore).
-int run(bool small_ops_only) {
+// their kernels has little memory to save and restore). mla_only: the MLA decode cases alone.
+int run(bool small_ops_only, bool mla_only) {
   std::string why;
   if (cuda_device_count(&why) == 0) {
     std::cerr << "kernel_bench: no GPU: " << why << "\n";
@@ -242,11 +242,13 @@ int run(bool small_ops_only) {
   ops->reserve_workspace(small_ops_only ? int64_t{256} << 20 : int64_t{32} << 30);
   const double bw = copy_bandwidth(*ops, small_ops_only ? int64_t{256} << 20 : int64_t{2} << 30);
   std::cout << nlohmann::json{{"op", "copy"}, {"gb_s", bw / 1e9}}.dump() << std::endl;
-  decode_small_op_cases(*ops, bw);
+  if (!mla_only) decode_small_op_cases(*ops, bw);
   if (small_ops_only) return 0;
-  for (int64_t b : {1, 8, 64}) kda_decode_cases(*ops, b, bw);
-  for (int64_t b : {1, 4}) {
-    for (int64_t t : {8192, 65536}) kda_prefill_case(*ops, b, t, bw);
+  if (!mla_only) {
+    for (int64_t b : {1, 8, 64}) kda_decode_cases(*ops, b, bw);
+    for (int64_t b : {1, 4}) {
+      for (int64_t t : {8192, 65536}) kda_prefill_case(*ops, b, t, bw);
+    }
   }
   for (int64_t heads : {32, 96}) {  // Kimi-Linear-48B, K3
     for (int64_t b : {1, 8}) mla_decode_case(*ops, b, heads, 65536, bw);
@@ -258,13 +260,14 @@ int run(bool small_ops_only) {
 }  // namespace hlm
 
 int main(int argc, char** argv) {
-  const bool small_ops_only = argc == 2 && std::string(argv[1]) == "--small-ops";
-  if (argc > 1 && !small_ops_only) {
-    std::cerr << "usage: kernel_bench [--small-ops]\n";
+  const std::string arg = argc == 2 ? argv[1] : "";
+  const bool small_ops_only = arg == "--small-ops", mla_only = arg == "--mla";
+  if (argc > 2 || (argc == 2 && !small_ops_only && !mla_only)) {
+    std::cerr << "usage: kernel_bench [--small-ops | --mla]\n";
     return 2;
   }
   try {
-    return hlm::run(small_ops_only);
+    return hlm::run(small_ops_only, mla_only);
   } catch (const std::exception& e) {
     std::cerr << "kernel_bench: " << e.what() << "\n";
     return 1;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -214,6 +215,56 @@ TEST(Cli, PlanSizesKimiK3) {
   EXPECT_NE(r.out.find("56 of 896 routed experts"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("1728.0 B per rank"), std::string::npos) << r.out;
   EXPECT_NE(r.err.find("vision tower is not loaded"), std::string::npos) << r.err;
+}
+
+// bench --layer-split: one section row per kind of layer the model has, with its count; plan
+// --layer-times turns them back into the same step at the measured layout and scales them by the bytes a
+// rank moves in another, and refuses times measured on another model or batch.
+TEST(Cli, LayerSplitTimesSectionsAndPlanExtrapolatesThem) {
+  const std::string times = kScratch + "/layer_times.json";
+  Result r =
+      run(fmt::format("{} bench -m {} --device cpu --context 64 --batch 2 --steps 6 --repeats 1 "
+                      "--layer-split --json",
+                      kBin, kTiny));
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ofstream(times) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  std::map<std::string, int> layers;
+  double sections = 0;
+  for (const nlohmann::json& sec : j["sections"]) {
+    layers[sec["name"].get<std::string>()] = sec["layers"].get<int>();
+    EXPECT_GT(sec["ms_per_step"].get<double>(), 0.0) << sec.dump();
+    EXPECT_NEAR(sec["floor_ratio"].get<double>(),
+                sec["ms_per_layer"].get<double>() / sec["floor_ms_per_layer"].get<double>(), 1e-9)
+        << sec.dump();
+    sections += sec["ms_per_step"].get<double>();
+  }
+  const std::map<std::string, int> expected = {{"embedding", 1}, {"kda_attention", 3}, {"mla_attention", 1},
+                                               {"dense_ffn", 1}, {"moe_ffn", 3},       {"head", 1}};
+  EXPECT_EQ(layers, expected) << r.out;
+
+  const std::string plan = fmt::format("{} plan --config {}/config.json --context 64", kBin, kTiny);
+  r = run(fmt::format("{} --batch 2 --layer-times {}", plan, times));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find(fmt::format("total {:.3f} ms per step", sections)), std::string::npos)
+      << "measured sections " << sections << " ms\n"
+      << r.out;
+  const auto total_of = [](const std::string& out) {
+    const size_t at = out.rfind("  total ");  // the extrapolation, after the sizes
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 8));
+  };
+  const Result tp2 = run(fmt::format("{} --tp 2 --batch 2 --layer-times {}", plan, times));
+  ASSERT_EQ(tp2.code, 0) << tp2.err;
+  EXPECT_GT(total_of(tp2.out), 0.0) << tp2.out;
+  EXPECT_LT(total_of(tp2.out), 0.75 * total_of(r.out)) << tp2.out;  // every section's rank bytes shrink
+
+  r = run(fmt::format("{} --batch 1 --layer-times {}", plan, times));
+  EXPECT_NE(r.err.find("measured at batch 2, but --batch is 1"), std::string::npos) << r.err;
+  r = run(fmt::format("{} plan --config {}/configs/kimi-k3.json --batch 2 --layer-times {}", kBin, kFixtures,
+                      times));
+  EXPECT_NE(r.err.find("measured on a kimi_linear model"), std::string::npos) << r.err;
+  r = run(fmt::format("{} --batch 2 --layer-times {}/none.json", plan, kScratch));
+  EXPECT_NE(r.err.find("none.json: cannot open the file"), std::string::npos) << r.err;
 }
 
 TEST(Cli, GenerateRunsKimiK3) {

@@ -5,6 +5,7 @@
 // count).
 #include "ops/cpu/cpu_ops.h"
 
+#include <chrono>
 #include <cstring>
 
 #include "base/half.h"
@@ -109,6 +110,19 @@ class CpuOps final : public Ops {
   }
 
   MemoryInfo memory_info() const override { return cpu::host_memory_info(); }
+
+  // The ops run synchronously here: a section's time is the host time between its marks.
+  void enable_sections(bool on) override { sections_on_ = on; }
+  void section(const char* label) override {
+    if (!sections_on_) return;
+    const size_t slot = marks_.mark(label);
+    if (times_.size() <= slot) times_.resize(slot + 1);
+    times_[slot] = std::chrono::steady_clock::now();
+  }
+  std::vector<SectionTime> last_sections() override {
+    return marks_.sections(
+        [&](size_t a, size_t b) { return std::chrono::duration<double>(times_[b] - times_[a]).count(); });
+  }
 
   Tensor to_host_f32(const Tensor& t) override {
     HLM_CHECK(t.defined() && t.dtype() != DType::kI32 && t.dtype() != DType::kI64,
@@ -370,6 +384,11 @@ class CpuOps final : public Ops {
   std::vector<int32_t> sample(const Tensor& logits, const std::vector<SampleParams>& rows) override {
     return cpu::sample(logits, rows);
   }
+
+ private:
+  bool sections_on_ = false;
+  SectionMarks marks_;
+  std::vector<std::chrono::steady_clock::time_point> times_;  // one per mark slot
 };
 
 }  // namespace

@@ -63,6 +63,11 @@ Tensor convert_host(const Tensor& host, DType to) {
 class CudaOps final : public Ops {
  public:
   explicit CudaOps(int device) : ctx_(device) {}
+  ~CudaOps() override {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  }
+  CudaOps(const CudaOps&) = delete;
+  CudaOps& operator=(const CudaOps&) = delete;
 
   Device device() const override { return Device::kCuda; }
   Tensor empty(const Shape& shape, DType dtype) override { return ctx_.empty(shape, dtype); }
@@ -127,6 +132,34 @@ class CudaOps final : public Ops {
   void profiler_recording(bool on) override {
     HLM_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream()));
     HLM_CUDA_CHECK(on ? cudaProfilerStart() : cudaProfilerStop());
+  }
+
+  // A mark is an event recorded on the stream; inside a capture it becomes an event-record node
+  // (cudaEventRecordExternal), which records again on every replay.
+  void enable_sections(bool on) override { sections_on_ = on; }
+  void section(const char* label) override {
+    if (!sections_on_) return;
+    const size_t slot = marks_.mark(label);
+    while (events_.size() <= slot) {
+      cudaEvent_t e = nullptr;
+      HLM_CUDA_CHECK(cudaEventCreate(&e));
+      events_.push_back(e);
+    }
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    HLM_CUDA_CHECK(cudaStreamIsCapturing(ctx_.stream(), &capture));
+    // The external flag is refused outside a capture (cudaErrorIllegalState).
+    HLM_CUDA_CHECK(capture == cudaStreamCaptureStatusActive
+                       ? cudaEventRecordWithFlags(events_[slot], ctx_.stream(), cudaEventRecordExternal)
+                       : cudaEventRecord(events_[slot], ctx_.stream()));
+  }
+  std::vector<SectionTime> last_sections() override {
+    if (marks_.complete() == 0) return {};
+    HLM_CUDA_CHECK(cudaEventSynchronize(events_[marks_.complete() - 1]));
+    return marks_.sections([&](size_t a, size_t b) {
+      float ms = 0.0f;
+      HLM_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[a], events_[b]));
+      return 1e-3 * ms;
+    });
   }
 
   std::unique_ptr<StepGraph> capture(const std::function<void()>& body) override {
@@ -247,6 +280,9 @@ class CudaOps final : public Ops {
 
  private:
   CudaContext ctx_;
+  bool sections_on_ = false;
+  SectionMarks marks_;
+  std::vector<cudaEvent_t> events_;  // one per mark slot
 };
 
 }  // namespace

@@ -4,8 +4,8 @@
 //
 // mla_attention is one kernel for decode and prefill. A CTA owns a block of kRows = 32 query rows (a row is
 // one (token, head) pair; the rows of a block belong to one sequence: 32 heads of one token, or 4 tokens of
-// 8 heads) and one split of that block's keys. Every 64-key tile it loads from the cache is shared by all
-// 32 rows, so a decode token of 32 heads reads its K/V bytes once. The math runs on BF16 tensor cores
+// 8 heads) and one split of that block's keys. Every key tile it loads from the cache is shared by all 32
+// rows, so a decode token of 32 heads reads its K/V bytes once. The math runs on BF16 tensor cores
 // (mma.sync m16n8k16, fp32 accumulation): S = Q·Kᵀ, an online softmax in fp32, O += P·V with P rounded to
 // bf16 and V the first v_dim columns of the same tile. Decode needs more CTAs than it has row blocks, so
 // the keys are split: the number of splits is fixed at launch from host shapes (enough CTAs to fill the
@@ -14,6 +14,11 @@
 // stays exact. With one split the kernel writes the result; with several it writes per-split partials
 // (normalized within the split) that the combine kernel merges exactly, the same merge lse_combine does
 // across ranks.
+//
+// Tiles of 64 keys in a ring of two: one loads while the other is in the math. A ring of four 32-key
+// tiles (more bytes in flight per SM) measured slower on an H200 at 64K-1M keys: the split launch is bound
+// by instruction issue (mma.sync, the softmax and the O rescale), not by the depth of the copy pipeline
+// (docs/benchmarks.md, MLA decode).
 #include <algorithm>
 #include <cmath>
 
@@ -26,33 +31,44 @@ namespace hlm::cuda {
 namespace {
 
 constexpr int kRows = 32;              // query rows per CTA: two m16 tiles
-constexpr int kKeys = 64;              // keys per tile
-constexpr int kWarps = 8;              // S: 4 key groups x 2 halves of D; P·V: 8 column slices of V
-constexpr int kThreads = kWarps * 32;  // also 4 threads per key of a tile for the loads, 8 per row in softmax
-constexpr int kScoreLd = kKeys + 8;    // row stride (floats) of the score tiles: conflict-free float2 stores
-constexpr int kProbLd = kKeys + 8;     // row stride (bf16) of P: 144 B rows, conflict-free ldmatrix
+constexpr int kWarps = 8;              // S: key groups x slices of D; P·V: 8 column slices of V
+constexpr int kThreads = kWarps * 32;  // also 8 threads per row in the softmax
 constexpr int kMaxCombineSources = 8192;
-static_assert(kThreads == 4 * kKeys && kThreads == 8 * kRows, "tile copy and softmax thread mappings");
+static_assert(kThreads == 8 * kRows, "softmax thread mapping");
 
-// Padded tile widths. kD: the cache row / query width D rounded up (multiple of 32: two halves of 16-wide
-// k-steps); kV: the value width rounded up (multiple of 128: 8 warps of 16 columns). Columns past D are
-// zero-filled in shared memory; value columns past v_dim are computed and dropped.
-template <int D_, int V_>
+// Tile shapes. kD: the cache row / query width D rounded up (a multiple of 16 per slice of D in S); kV: the
+// value width rounded up (multiple of 128: 8 warps of 16 columns); kKeys keys per tile, a ring of kStages
+// tiles (kStages - 1 loading while one is in the math). Columns past D are zero-filled in shared memory;
+// value columns past v_dim are computed and dropped.
+template <int D_, int V_, int Keys_, int Stages_>
 struct MlaShape {
   static constexpr int kD = D_;
   static constexpr int kV = V_;
+  static constexpr int kKeys = Keys_;
+  static constexpr int kStages = Stages_;
   static constexpr int kLd = kD + 8;  // bf16 row stride of Q and K tiles: +16 B keeps ldmatrix conflict-free
+  static constexpr int kKeyGroups = kKeys / 16;       // S: warps side by side over the keys of a tile
+  static constexpr int kParts = kWarps / kKeyGroups;  // S: slices of D, summed in the softmax
+  static constexpr int kScoreLd = kKeys + 8;          // row stride (floats) of S: conflict-free float2 stores
+  static constexpr int kProbLd = kKeys + 8;           // row stride (bf16) of P: conflict-free ldmatrix rows
+  static constexpr int kThreadsPerKey = kThreads / kKeys;       // tile copy
+  static constexpr int kKeysPerThread = kKeys / 8;              // softmax: 8 threads per row
+  static constexpr int kQChunks = kRows * (kD / 8) / kThreads;  // 16-byte chunks of Q per thread
   static_assert(kD % 32 == 0 && kV % 128 == 0 && kV <= kD, "MLA tile shape");
-  // Dynamic shared memory, in this order: K tiles [2][kKeys][kLd] bf16, Q [kRows][kLd] bf16, partial scores
-  // [2][kRows][kScoreLd] f32, P [kRows][kProbLd] bf16. Every part is a multiple of 16 bytes.
+  static_assert(kKeys % 16 == 0 && kWarps % kKeyGroups == 0 && kD % (16 * kParts) == 0 &&
+                    kThreads % kKeys == 0 && kKeysPerThread % 4 == 0 && kScoreLd % 4 == 0 && kStages >= 2,
+                "MLA key tiling");
+  static_assert(kRows * (kD / 8) % kThreads == 0, "Q copy mapping");
+  // Dynamic shared memory, in this order: K tiles [kStages][kKeys][kLd] bf16, Q [kRows][kLd] bf16, partial
+  // scores [kParts][kRows][kScoreLd] f32, P [kRows][kProbLd] bf16. Every part is a multiple of 16 bytes.
   static constexpr size_t kTileBytes = size_t{kKeys} * kLd * 2;
-  static constexpr size_t kQOffset = 2 * kTileBytes;
+  static constexpr size_t kQOffset = kStages * kTileBytes;
   static constexpr size_t kScoreOffset = kQOffset + size_t{kRows} * kLd * 2;
-  static constexpr size_t kProbOffset = kScoreOffset + 2 * size_t{kRows} * kScoreLd * 4;
+  static constexpr size_t kProbOffset = kScoreOffset + kParts * size_t{kRows} * kScoreLd * 4;
   static constexpr size_t kSmemBytes = kProbOffset + size_t{kRows} * kProbLd * 2;
 };
-using MlaLarge = MlaShape<576, 512>;  // Kimi Linear / K3: D = 512 + 64, v = 512
-using MlaSmall = MlaShape<128, 128>;  // the fixtures and anything up to 128 wide
+using MlaLarge = MlaShape<576, 512, 64, 2>;  // Kimi Linear / K3: D = 512 + 64, v = 512
+using MlaSmall = MlaShape<128, 128, 64, 2>;  // the fixtures and anything up to 128 wide
 
 struct MlaParams {
   const void* q;          // [T, H, D] BF16 or F32
@@ -105,7 +121,10 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
                : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+template <int N>  // wait until at most N of this thread's commit groups are still in flight
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 // Eight consecutive query elements as bf16 (16 bytes).
 __device__ __forceinline__ uint4 load8_bf16(const bf16* p) { return *reinterpret_cast<const uint4*>(p); }
@@ -188,22 +207,24 @@ __device__ void zero_uncovered_rows(const MlaParams& p, int spare, int num_spare
 
 // --- the attention kernel ----------------------------------------------------------------------------------
 // Grid (row-block slots, splits), kThreads threads, Shape::kSmemBytes of dynamic shared memory, one CTA per
-// SM. Per key tile: (1) the 4 threads of each key copy its cache row (cp.async, one tile ahead of the
-// math); (2) warp w computes partial scores S[32 rows, keys 16·(w%4) ..+16] over half w/4 of D; (3) 8
-// threads per row sum the halves, scale, mask by the row's kv_len and update the row's running (max, sum),
-// writing P (bf16) and the rescale factor; (4) warp w rescales and accumulates O[32 rows, its kV/8
-// columns] += P·V. An m16 tile past the block's last row skips its MMAs.
+// SM. Per key tile: (1) kThreadsPerKey threads per key copy its cache row (cp.async, kStages - 1 tiles
+// ahead of the math); (2) warp w computes partial scores S[32 rows, keys 16·(w % kKeyGroups) ..+16] over
+// slice w / kKeyGroups of D; (3) 8 threads per row sum the slices, scale, mask by the row's kv_len and
+// update the row's running (max, sum), writing P (bf16) and the rescale factor; (4) warp w rescales and
+// accumulates O[32 rows, its kV/8 columns] += P·V. An m16 tile past the block's last row skips its MMAs.
 template <class Shape, class TQ>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaParams p) {
   pdl_wait();
   pdl_trigger();
-  constexpr int kD = Shape::kD, kLd = Shape::kLd;
+  constexpr int kD = Shape::kD, kLd = Shape::kLd, kKeys = Shape::kKeys, kStages = Shape::kStages;
+  constexpr int kScoreLd = Shape::kScoreLd, kProbLd = Shape::kProbLd, kKeysPerThread = Shape::kKeysPerThread;
   constexpr int kWarpCols = Shape::kV / kWarps;  // value columns of one warp
   constexpr int kColTiles = kWarpCols / 8;       // n8 tiles of one warp
+  constexpr int kPartD = kD / Shape::kParts;     // the slice of D one warp covers in S
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* k_tiles = reinterpret_cast<bf16*>(smem);                         // [2][kKeys][kLd]
+  bf16* k_tiles = reinterpret_cast<bf16*>(smem);                         // [kStages][kKeys][kLd]
   bf16* q_tile = reinterpret_cast<bf16*>(smem + Shape::kQOffset);        // [kRows][kLd]
-  float* scores = reinterpret_cast<float*>(smem + Shape::kScoreOffset);  // [2][kRows][kScoreLd]
+  float* scores = reinterpret_cast<float*>(smem + Shape::kScoreOffset);  // [kParts][kRows][kScoreLd]
   bf16* probs = reinterpret_cast<bf16*>(smem + Shape::kProbOffset);      // [kRows][kProbLd]
   __shared__ int row_kv[kRows];       // visible keys of each row of the block (0 past its last row)
   __shared__ float row_alpha[kRows];  // rescale of O for the current tile
@@ -236,15 +257,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaPar
     kv = __reduce_max_sync(0xffffffffu, kv);
     if (lane == 0) kv_max = kv;
   }
-
-  // Q of the block, as bf16, zero past D and past the block's rows.
-  const TQ* q = static_cast<const TQ*>(p.q);
-  for (int c = tid; c < kRows * (kD / 8); c += kThreads) {
-    const int r = c / (kD / 8), col = (c % (kD / 8)) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < num_rows && col < p.dim) v = load8_bf16(q + static_cast<int64_t>(row_begin + r) * p.dim + col);
-    *reinterpret_cast<uint4*>(q_tile + r * kLd + col) = v;
-  }
   __syncthreads();
 
   // This split's key tiles: an even share of the tiles covering the block's longest kv_len.
@@ -253,10 +265,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaPar
   const int tile_end = static_cast<int>(tiles * (blockIdx.y + 1) / p.splits);
   const int key_end = min(kv_max, tile_end * kKeys);
 
-  // Tile copy: thread tid copies 16-byte chunks tid%4, +4, ... of key tid/4; keys at or past key_end and
-  // columns past D are zero-filled, so every value the MMAs read is finite.
+  // Tile copy: thread tid copies 16-byte chunks tid % kThreadsPerKey, + kThreadsPerKey, ... of key
+  // tid / kThreadsPerKey; keys at or past key_end and columns past D are zero-filled, so every value the
+  // MMAs read is finite.
   auto load_tile = [&](int tile, int buf) {
-    const int k = tid >> 2, key = tile * kKeys + k;
+    const int k = tid / Shape::kThreadsPerKey, key = tile * kKeys + k;
     const bf16* src = p.cache;
     bool valid = key < key_end;
     if (valid) {
@@ -265,60 +278,98 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaPar
       if (valid) src = p.cache + (static_cast<int64_t>(page) * p.page_size + key % p.page_size) * p.dim;
     }
     bf16* dst = k_tiles + (buf * kKeys + k) * kLd;
-    for (int c = tid & 3; c < kD / 8; c += 4) {
+    for (int c = tid % Shape::kThreadsPerKey; c < kD / 8; c += Shape::kThreadsPerKey) {
       const bool chunk = valid && c * 8 < p.dim;
       cp_async16(dst + c * 8, chunk ? src + c * 8 : p.cache, chunk);
     }
-    cp_async_commit();
   };
+  // The first kStages - 1 tiles go in flight before Q is read, one commit group per tile (empty past the
+  // split's end, so that every thread waits on the same group count below).
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (tile_begin + s < tile_end) load_tile(tile_begin + s, s);
+    cp_async_commit();
+  }
+
+  // Q of the block, as bf16, zero past D and past the block's rows: every load issued before any store.
+  {
+    const TQ* q = static_cast<const TQ*>(p.q);
+    uint4 chunk[Shape::kQChunks];
+#pragma unroll
+    for (int j = 0; j < Shape::kQChunks; ++j) {
+      const int c = tid + j * kThreads, r = c / (kD / 8), col = (c % (kD / 8)) * 8;
+      chunk[j] = make_uint4(0, 0, 0, 0);
+      if (r < num_rows && col < p.dim)
+        chunk[j] = load8_bf16(q + static_cast<int64_t>(row_begin + r) * p.dim + col);
+    }
+#pragma unroll
+    for (int j = 0; j < Shape::kQChunks; ++j) {
+      const int c = tid + j * kThreads;
+      *reinterpret_cast<uint4*>(q_tile + (c / (kD / 8)) * kLd + (c % (kD / 8)) * 8) = chunk[j];
+    }
+  }
 
   float o[2][kColTiles][4] = {};               // O[m16 tile][n8 tile of this warp's columns], fragment layout
   float m_run = -INFINITY, l_run = 0.0f;       // softmax state of row tid/8, the same in its 8 threads
-  const int srow = tid >> 3, spart = tid & 7;  // softmax: row and 8-key slice of this thread
-  const int half = warp >> 2, key_group = (warp & 3) * 16;
-  if (tile_begin < tile_end) load_tile(tile_begin, 0);
+  const int srow = tid >> 3, spart = tid & 7;  // softmax: row and key slice of this thread
+  const int part = warp / Shape::kKeyGroups, key_group = (warp % Shape::kKeyGroups) * 16;
   for (int tile = tile_begin; tile < tile_end; ++tile) {
-    const int buf = (tile - tile_begin) & 1;
-    const bf16* kt = k_tiles + buf * kKeys * kLd;  // [kKeys][kLd]
-    cp_async_wait_all();
-    __syncthreads();  // tile visible to all; every warp is done with the other buffer and with P
-    if (tile + 1 < tile_end) load_tile(tile + 1, buf ^ 1);
+    const int i = tile - tile_begin;
+    const bf16* kt = k_tiles + (i % kStages) * kKeys * kLd;  // [kKeys][kLd]
+    cp_async_wait<kStages - 2>();                            // this thread's copies of tile i have landed
+    // Tile i (and, the first time, Q) visible to all; every warp is done with tile i - 1's buffer and P.
+    __syncthreads();
+    if (tile + kStages - 1 < tile_end) load_tile(tile + kStages - 1, (i + kStages - 1) % kStages);
+    cp_async_commit();
 
-    // (2) partial scores over dims [half·kD/2, (half+1)·kD/2) for keys key_group..+16.
+    // (2) partial scores over dims [part·kPartD, (part+1)·kPartD) for keys key_group..+16.
     {
-      float s[2][2][4] = {};
-      for (int kk = 0; kk < kD / 32; ++kk) {
-        const int d = half * (kD / 2) + kk * 16;
+      // Even and odd k-steps accumulate apart (summed at the end): twice the independent MMA chains.
+      float s[2][2][2][4] = {};  // [k-step parity][m16 tile][n8 tile][fragment]
+#pragma unroll
+      for (int kk = 0; kk < kPartD / 16; ++kk) {
+        const int d = part * kPartD + kk * 16;
         uint32_t b[4];  // keys +0..7 and +8..15, dims d..d+7 and d+8..d+15
         ldsm_x4(b, kt + (key_group + ((lane >> 4) << 3) + (lane & 7)) * kLd + d + ((lane >> 3) & 1) * 8);
+#pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
           if (mt == 1 && !two_tiles) break;
           uint32_t a[4];
           ldsm_x4(a, q_tile + (mt * 16 + (lane & 15)) * kLd + d + (lane >> 4) * 8);
-          mma_bf16(s[mt][0], a, b[0], b[1]);
-          mma_bf16(s[mt][1], a, b[2], b[3]);
+          mma_bf16(s[kk & 1][mt][0], a, b[0], b[1]);
+          mma_bf16(s[kk & 1][mt][1], a, b[2], b[3]);
         }
       }
-      float* sp = scores + half * kRows * kScoreLd;
+      float* sp = scores + part * kRows * kScoreLd;
+#pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
+          const float *even = s[0][mt][nt], *odd = s[1][mt][nt];
           float* at = sp + (mt * 16 + g) * kScoreLd + key_group + nt * 8 + c2;
-          *reinterpret_cast<float2*>(at) = make_float2(s[mt][nt][0], s[mt][nt][1]);
-          *reinterpret_cast<float2*>(at + 8 * kScoreLd) = make_float2(s[mt][nt][2], s[mt][nt][3]);
+          *reinterpret_cast<float2*>(at) = make_float2(even[0] + odd[0], even[1] + odd[1]);
+          *reinterpret_cast<float2*>(at + 8 * kScoreLd) = make_float2(even[2] + odd[2], even[3] + odd[3]);
         }
       }
     }
     __syncthreads();
 
-    // (3) online softmax of row srow over keys spart·8..+8 of the tile.
+    // (3) online softmax of row srow over keys spart·kKeysPerThread ..+kKeysPerThread of the tile.
     {
-      const int kv = row_kv[srow], key0 = tile * kKeys + spart * 8;
-      const float* s0 = scores + srow * kScoreLd + spart * 8;
-      const float* s1 = s0 + kRows * kScoreLd;
-      float logit[8];
+      const int kv = row_kv[srow], key0 = tile * kKeys + spart * kKeysPerThread;
+      float logit[kKeysPerThread] = {};
+#pragma unroll
+      for (int sl = 0; sl < Shape::kParts; ++sl) {  // 16-byte loads: a quarter-warp reads one 128-byte row
+        const float* sp = scores + (sl * kRows + srow) * kScoreLd + spart * kKeysPerThread;
+#pragma unroll
+        for (int e = 0; e < kKeysPerThread; e += 4) {
+          const float4 v = *reinterpret_cast<const float4*>(sp + e);
+          logit[e] += v.x, logit[e + 1] += v.y, logit[e + 2] += v.z, logit[e + 3] += v.w;
+        }
+      }
       float tile_max = -INFINITY;
-      for (int e = 0; e < 8; ++e) {
-        logit[e] = (s0[e] + s1[e]) * p.scale;
+#pragma unroll
+      for (int e = 0; e < kKeysPerThread; ++e) {
+        logit[e] *= p.scale;
         if (key0 + e < kv) tile_max = fmaxf(tile_max, logit[e]);
       }
       for (int o8 = 1; o8 < 8; o8 <<= 1)
@@ -326,14 +377,15 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaPar
       const float m_new = fmaxf(m_run, tile_max);
       // No visible key so far: O and the sum are 0, and exp(-inf - -inf) must not be formed.
       const float alpha = m_run == -INFINITY ? 0.0f : expf(m_run - m_new);
-      float pv[8], sum = 0.0f;
-      for (int e = 0; e < 8; ++e) {
+      float pv[kKeysPerThread], sum = 0.0f;
+#pragma unroll
+      for (int e = 0; e < kKeysPerThread; ++e) {
         pv[e] = key0 + e < kv ? expf(logit[e] - m_new) : 0.0f;
         sum += pv[e];
       }
-      *reinterpret_cast<uint4*>(probs + srow * kProbLd + spart * 8) =
-          make_uint4(pack_bf16x2(pv[0], pv[1]), pack_bf16x2(pv[2], pv[3]), pack_bf16x2(pv[4], pv[5]),
-                     pack_bf16x2(pv[6], pv[7]));
+      uint32_t* dst = reinterpret_cast<uint32_t*>(probs + srow * kProbLd + spart * kKeysPerThread);
+#pragma unroll
+      for (int e = 0; e < kKeysPerThread; e += 2) dst[e / 2] = pack_bf16x2(pv[e], pv[e + 1]);
       for (int o8 = 1; o8 < 8; o8 <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o8);
       l_run = l_run * alpha + sum;
       m_run = m_new;
@@ -343,8 +395,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaPar
 
     // (4) O = O·alpha + P·V over this warp's value columns.
     const int col0 = warp * kWarpCols;
+    // Every tile, even where no row's max moved: skipping multiplies by 1 behind a warp vote measured slower.
+#pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
       const float a_lo = row_alpha[mt * 16 + g], a_hi = row_alpha[mt * 16 + g + 8];
+#pragma unroll
       for (int nt = 0; nt < kColTiles; ++nt) {
         o[mt][nt][0] *= a_lo;
         o[mt][nt][1] *= a_lo;
@@ -417,19 +472,22 @@ struct CombineParams {
 };
 
 constexpr int kCombineThreads = 256;
-constexpr int kCombineCols = 64;                                // columns of one CTA
-constexpr int kCombineGroups = kCombineThreads / kCombineCols;  // sources are dealt to 4 thread groups
+constexpr int kCombineGroups = kCombineThreads / 32;  // sources are dealt to 8 warps
 
-// Grid (rows, ceil(V / 64)). The CTA forms the weights w_i = s_i·exp(m_i − M) / Σ of its row once (block
-// reductions, so every CTA of a row gets the same bits), then thread (group, column) sums w_i·part_i over
-// sources group, group+4, ... (so a long source list is read by 4 chains in parallel) and the groups are
-// added in shared memory. Sources of weight 0 (empty: (-inf, 0)) are never read.
+// Grid (rows, ceil(V / (32·kVec))). The CTA forms the weights w_i = s_i·exp(m_i − M) / Σ of its row once
+// (block reductions, so every CTA of a row gets the same bits), then lane l of warp g sums w_i·part_i for
+// its kVec columns over sources g, g+8, ... (so a long source list is read by 8 chains in parallel, each
+// load kVec·4 bytes) and the warps are added in shared memory, in warp order. Sources of weight 0 (empty:
+// (-inf, 0)) add nothing, whatever their parts hold: their loads are issued with the others (unrolled),
+// their values dropped by a select.
+template <int kVec>
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineParams p) {
   pdl_wait();
   pdl_trigger();
+  constexpr int kCols = 32 * kVec;
   extern __shared__ float weight[];  // [sources]
   __shared__ float scratch[32];
-  __shared__ float group_sum[kCombineGroups][kCombineCols];
+  __shared__ float group_sum[kCombineGroups][kCols];
   const int64_t row = blockIdx.x;
   const int tid = threadIdx.x;
   float m = -INFINITY;
@@ -445,21 +503,33 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
   }
   denom = block_sum(denom, scratch);   // its barriers also publish the weights
   const bool empty = !(denom > 0.0f);  // no keys anywhere: output 0
-  const int col_local = tid % kCombineCols, group = tid / kCombineCols;
-  const int col = blockIdx.y * kCombineCols + col_local;
-  float acc = 0.0f;
+  const int lane = tid & 31, group = tid >> 5;
+  const int col = blockIdx.y * kCols + lane * kVec;  // kVec > 1 only when kVec divides V
+  float acc[kVec] = {};
   if (!empty && col < p.v_dim) {
+#pragma unroll 4
     for (int i = group; i < p.sources; i += kCombineGroups) {
       const float wi = weight[i];
-      if (wi != 0.0f) acc += wi / denom * p.parts[(i * p.rows + row) * p.v_dim + col];
+      const float* src = p.parts + (i * p.rows + row) * p.v_dim + col;
+      float v[kVec];
+      if constexpr (kVec == 4) {
+        const float4 x = *reinterpret_cast<const float4*>(src);
+        v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+      } else {
+        v[0] = *src;
+      }
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) acc[e] += wi != 0.0f ? wi / denom * v[e] : 0.0f;
     }
   }
-  group_sum[group][col_local] = acc;
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) group_sum[group][lane * kVec + e] = acc[e];
   __syncthreads();
-  if (group == 0 && col < p.v_dim) {
+  const int out_col = blockIdx.y * kCols + tid;
+  if (tid < kCols && out_col < p.v_dim) {
     float y = 0.0f;
-    for (int k = 0; k < kCombineGroups; ++k) y += group_sum[k][col_local];
-    p.out[row * p.v_dim + col] = y;
+    for (int k = 0; k < kCombineGroups; ++k) y += group_sum[k][tid];
+    p.out[row * p.v_dim + out_col] = y;
   }
   if (p.out_stats != nullptr && blockIdx.y == 0 && tid == 0) {
     p.out_stats[row * 2] = empty ? -INFINITY : global_max;
@@ -469,8 +539,15 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
 
 void launch_combine(const CombineParams& p, cudaStream_t stream) {
   if (p.rows == 0 || p.v_dim == 0) return;
-  const dim3 grid(static_cast<unsigned>(p.rows), blocks_for(p.v_dim, kCombineCols));
-  launch_pdl(combine_kernel, grid, kCombineThreads, p.sources * sizeof(float), stream, p);
+  const bool vec4 = p.v_dim % 4 == 0 && reinterpret_cast<uintptr_t>(p.parts) % 16 == 0;
+  const size_t smem = p.sources * sizeof(float);
+  if (vec4) {
+    launch_pdl(combine_kernel<4>, dim3(static_cast<unsigned>(p.rows), blocks_for(p.v_dim, 128)),
+               kCombineThreads, smem, stream, p);
+  } else {
+    launch_pdl(combine_kernel<1>, dim3(static_cast<unsigned>(p.rows), blocks_for(p.v_dim, 32)),
+               kCombineThreads, smem, stream, p);
+  }
   HLM_CHECK_LAUNCH("lse_combine");
 }
 
@@ -636,9 +713,9 @@ Tensor lse_combine(CudaContext& ctx, const Tensor& parts, const Tensor& stats) {
   }
   expect_dim(stats, 3, 2, op, "stats [R, T, H, 2]", "the (max, sum) pair");
   const int64_t sources = parts.dim(0), rows = parts.dim(1) * parts.dim(2), v_dim = parts.dim(3);
-  HLM_CHECK(sources <= kMaxCombineSources && v_dim <= int64_t{65535} * kCombineCols,
+  HLM_CHECK(sources <= kMaxCombineSources && v_dim <= int64_t{65535} * 32,
             "lse_combine: {} sources of width {} (at most {} sources of width {})", sources, v_dim,
-            kMaxCombineSources, 65535 * kCombineCols);
+            kMaxCombineSources, 65535 * 32);
   if (sources == 0) return ctx.zeros({parts.dim(1), parts.dim(2), v_dim}, DType::kF32);
   Tensor y = ctx.empty({parts.dim(1), parts.dim(2), v_dim}, DType::kF32);  // [T, H, V]
   launch_combine(CombineParams{parts.data<float>(), stats.data<float>(), y.data<float>(), nullptr, rows,

@@ -111,5 +111,32 @@ TEST(MemoryPlan, DecodeFloorCountsK3ExpertsAtTheLatentWidth) {
   EXPECT_DOUBLE_EQ(b.state, state);
 }
 
+// bench --layer-split rates each section against its own bytes: together they must be the step's floor
+// less the per-layer norms and AttnRes vectors, with the KV in MLA and the state in KDA.
+TEST(MemoryPlan, StepSectionsSplitTheFloor) {
+  for (const char* name : {"kimi-linear-48b-a3b.json", "kimi-k3.json"}) {
+    const ModelConfig cfg = load_model_config(kConfigs + "/" + name);
+    for (const Mapping& m : {Mapping::make(1, 1, 0), Mapping::make(2, 4, 5)}) {
+      const StoredDType held = [](const WeightSpec& s) { return s.typical_dtype; };
+      const RankWeightBytes w = rank_weight_bytes(weight_layout(cfg), m, held);
+      const auto cat = [&](WeightCategory c) {
+        return static_cast<double>(w.by_category[static_cast<size_t>(c)]);
+      };
+      for (int64_t batch : {1, 8}) {
+        const StepBytes b = decode_step_bytes(cfg, m, 131072, batch, 64, held, 2, 2);
+        const auto section = [&](StepSection x) { return b.section[static_cast<size_t>(x)]; };
+        double sum = 0;
+        for (double x : b.section) sum += x;
+        const double expected = b.total() - cat(WeightCategory::kNorm) - cat(WeightCategory::kAttnRes);
+        EXPECT_NEAR(sum, expected, 1e-9 * expected) << name << " batch " << batch;
+        EXPECT_DOUBLE_EQ(section(StepSection::kMlaAttention), cat(WeightCategory::kMla) + b.kv) << name;
+        EXPECT_DOUBLE_EQ(section(StepSection::kKdaAttention), cat(WeightCategory::kKda) + b.state) << name;
+        EXPECT_DOUBLE_EQ(section(StepSection::kHead), cat(WeightCategory::kLmHead)) << name;
+        EXPECT_GT(section(StepSection::kMoeFfn), cat(WeightCategory::kRouter)) << name;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace hlm

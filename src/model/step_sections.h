@@ -1,0 +1,19 @@
+// The sections a decode step is split into for `bench --layer-split` and `plan --layer-times`: the
+// embedding, each layer's attention (KDA or MLA) and FFN (dense or MoE), and the head (final norm,
+// lm_head). The model marks them (Ops::section), memory_plan counts the bytes each must move, and the
+// two commands match them by these names.
+#pragma once
+
+#include <array>
+
+namespace hlm {
+
+enum class StepSection { kEmbedding, kKdaAttention, kMlaAttention, kDenseFfn, kMoeFfn, kHead };
+constexpr int kNumStepSections = 6;
+
+constexpr std::array<const char*, kNumStepSections> kStepSectionNames = {
+    "embedding", "kda_attention", "mla_attention", "dense_ffn", "moe_ffn", "head"};
+
+constexpr const char* step_section_name(StepSection s) { return kStepSectionNames[static_cast<int>(s)]; }
+
+}  // namespace hlm
