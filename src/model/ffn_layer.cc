@@ -101,11 +101,18 @@ MoeLayer::MoeLayer(const LayerEnv& env, int layer, WeightSource& w) {
 Tensor MoeLayer::forward(const LayerEnv& env, const Tensor& x) {
   Ops& ops = env.ops;
   const ActivationParams act = activation_params(env.cfg);
+  // The shared experts' GEMMs (bandwidth-bound) run beside the router's chain of small kernels.
+  Tensor shared;  // [T, hidden] partial
+  if (has_shared_) {
+    ops.begin_side();
+    shared = shared_.partial(ops, x, act);
+    ops.end_side();
+  }
   Tensor idx, weights;  // [T, k] I32, [T, k] F32
   ops.moe_route(x, gate_, bias_, router_, idx, weights);
+  if (has_shared_) ops.join_side();
   if (!latent_down_.defined()) {
-    Tensor out = has_shared_ ? ops.moe_experts_add(x, idx, weights, experts_, expert_begin_, act,
-                                                   shared_.partial(ops, x, act))
+    Tensor out = has_shared_ ? ops.moe_experts_add(x, idx, weights, experts_, expert_begin_, act, shared)
                              : ops.moe_experts(x, idx, weights, experts_, expert_begin_, act);  // [T, hidden]
     env.comm.all_reduce_sum(out, CommGroup::kWorld);
     return out;
@@ -115,8 +122,7 @@ Tensor MoeLayer::forward(const LayerEnv& env, const Tensor& x) {
   const int64_t width = latent_down_.dim(0);
   Tensor z = ops.linear(x, latent_down_);                                          // [T, latent]
   Tensor routed = ops.moe_experts(z, idx, weights, experts_, expert_begin_, act);  // [T, latent]
-  Tensor both =
-      has_shared_ ? ops.concat_last(routed, shared_.partial(ops, x, act)) : routed;  // [T, latent + hidden]
+  Tensor both = has_shared_ ? ops.concat_last(routed, shared) : routed;            // [T, latent + hidden]
   env.comm.all_reduce_sum(both, CommGroup::kWorld);
   routed = ops.slice_last(both, 0, width);
   if (latent_norm_.defined())

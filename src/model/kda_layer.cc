@@ -83,18 +83,22 @@ Tensor KdaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext
   Ops& ops = env.ops;
   const int64_t t = x.dim(0), hl = heads_, hd = head_dim_, dl = hl * hd;
 
-  const Tensor proj = in_proj_.forward(ops, x);             // up to 16 rows: [T, 3·Dl + K + (K or Dl) + Hl]
-  Tensor qkv = in_proj_.parts(ops, x, proj, kQ, kV);        // [T, 3·Dl]
-  qkv = ops.short_conv(qkv, conv_, ctx.seqs, conv_state_);  // [T, 3·Dl] after silu
-  Tensor q = ops.slice_last(qkv, 0, dl).reshape({t, hl, hd});  // [T, Hl, K]
-  Tensor k = ops.slice_last(qkv, dl, 2 * dl).reshape({t, hl, hd});
-  Tensor v = ops.slice_last(qkv, 2 * dl, 3 * dl).reshape({t, hl, hd});
-
+  const Tensor proj = in_proj_.forward(ops, x);  // up to 16 rows: [T, 3·Dl + K + (K or Dl) + Hl]
+  // The gates' low-rank second halves run beside the short conv.
+  ops.begin_side();
   Tensor graw = ops.linear(in_proj_.part(ops, x, proj, kFa), f_b_);  // [T, Dl]
   Tensor beta_logits = in_proj_.part(ops, x, proj, kBeta);           // [T, Hl]
   Tensor gate = in_proj_.part(ops, x, proj, kGateA);                 // [T, K] (g_a) or [T, Dl] (g_proj)
   if (g_b_.defined()) gate = ops.linear(gate, g_b_);
   gate = gate.reshape({t, hl, hd});  // [T, Hl, V]
+  ops.end_side();
+
+  Tensor qkv = in_proj_.parts(ops, x, proj, kQ, kV);           // [T, 3·Dl]
+  qkv = ops.short_conv(qkv, conv_, ctx.seqs, conv_state_);     // [T, 3·Dl] after silu
+  Tensor q = ops.slice_last(qkv, 0, dl).reshape({t, hl, hd});  // [T, Hl, K]
+  Tensor k = ops.slice_last(qkv, dl, 2 * dl).reshape({t, hl, hd});
+  Tensor v = ops.slice_last(qkv, 2 * dl, 3 * dl).reshape({t, hl, hd});
+  ops.join_side();
 
   Tensor y;  // [T, Hl, V]
   if (ctx.decode_only) {

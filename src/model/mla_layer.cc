@@ -62,12 +62,15 @@ Tensor MlaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext
   const int64_t t = x.dim(0), lat = c.kv_lora_rank, dim = c.mla_cache_dim(), cp = env.mapping.cp;
 
   const Tensor proj = in_proj_.forward(ops, x);  // up to 16 rows: [T, H/tp·qk (or r) + L + R (+ H/N·v)]
-  Tensor q = project_queries(env, x, proj);      // [T, H/tp, L + R]
-
+  // The new latent cache rows are written beside the query projections; attention reads them after the join.
+  ops.begin_side();
   Tensor ckv = in_proj_.part(ops, x, proj, kKvA);                                         // [T, L + R]
   Tensor latent = ops.rms_norm(ops.slice_last(ckv, 0, lat), kv_a_norm_, kLatentNormEps);  // [T, L]
   Tensor entry = ops.concat_last(latent, ops.slice_last(ckv, lat, dim));                  // [T, L + R]
   ops.cache_write(entry, ctx.write_slots, cache_);
+  ops.end_side();
+  Tensor q = project_queries(env, x, proj);  // [T, H/tp, L + R]
+  ops.join_side();
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim()));
   Tensor part = ops.empty({t, tp_heads_, lat}, DType::kF32);  // [T, H/tp, L]

@@ -187,6 +187,14 @@ class Ops {
   // Starts (true) or stops (false) the device profiler's recording, so that `ncu --profile-from-start off`
   // records only the steps `bench --profile-steps` brackets (a no-op without a device profiler).
   virtual void profiler_recording(bool on) {}
+  // Concurrent work inside a step: the ops issued between begin_side() and end_side() may run at the same
+  // time as those issued after end_side(), until join_side(); ops after join_side() see the results of
+  // both. The side ops read only what existed at begin_side(), and nothing issued after end_side() reads
+  // their results before join_side(). A device backend runs them on a second stream (bandwidth-bound
+  // GEMMs next to a chain of latency-bound kernels); elsewhere they run in order.
+  virtual void begin_side() {}
+  virtual void end_side() {}
+  virtual void join_side() {}
   // Section timing (`bench --layer-split`, section_marks.h). While enabled, section(label) ends the
   // section open since the previous call and opens `label`; section(nullptr) ends the step's last one.
   // last_sections() gives the labelled sections of the last step that ran (eager or a graph replay, whose

@@ -15,14 +15,20 @@ constexpr size_t kPinnedHalf = size_t{64} << 20;     // one upload chunk
 CudaContext::CudaContext(int device) : device_(device) {
   HLM_CUDA_CHECK(cudaSetDevice(device));
   HLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  HLM_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
+  current_ = stream_;
+  HLM_CUDA_CHECK(cudaEventCreateWithFlags(&side_fork_, cudaEventDisableTiming));
+  HLM_CUDA_CHECK(cudaEventCreateWithFlags(&side_done_, cudaEventDisableTiming));
   HLM_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
   HLM_CUBLAS_CHECK(cublasLtCreate(&cublaslt_));
   gemm_workspace_bytes_ = kGemmWorkspace;
   HLM_CUDA_CHECK(cudaMalloc(&gemm_workspace_, gemm_workspace_bytes_));
+  HLM_CUDA_CHECK(cudaMalloc(&side_gemm_workspace_, gemm_workspace_bytes_));
   arena_ = std::make_unique<DeviceArena>(0);
 }
 
 CudaContext::~CudaContext() {
+  cudaStreamSynchronize(side_stream_);
   cudaStreamSynchronize(stream_);
   *alive_ = false;
   arena_.reset();
@@ -31,6 +37,11 @@ CudaContext::~CudaContext() {
   }
   if (pinned_ != nullptr) cudaFreeHost(pinned_);
   if (gemm_workspace_ != nullptr) cudaFree(gemm_workspace_);
+  if (side_gemm_workspace_ != nullptr) cudaFree(side_gemm_workspace_);
+  for (cudaEvent_t e : {side_fork_, side_done_}) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
+  if (side_stream_ != nullptr) cudaStreamDestroy(side_stream_);
   if (cublaslt_ != nullptr) cublasLtDestroy(cublaslt_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
@@ -74,7 +85,7 @@ Tensor CudaContext::empty(const Shape& shape, DType dtype) {
 
 Tensor CudaContext::zeros(const Shape& shape, DType dtype) {
   Tensor t = empty(shape, dtype);
-  if (t.nbytes() > 0) HLM_CUDA_CHECK(cudaMemsetAsync(t.raw(), 0, t.nbytes(), stream_));
+  if (t.nbytes() > 0) HLM_CUDA_CHECK(cudaMemsetAsync(t.raw(), 0, t.nbytes(), current_));
   return t;
 }
 
@@ -85,7 +96,34 @@ void CudaContext::begin_step() {
 
 void CudaContext::end_step() {
   in_step_ = false;
+  HLM_CHECK(side_ == Side::kNone, "end_step with side work that was never joined (Ops::join_side)");
   HLM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaContext::begin_side() {
+  HLM_CHECK(side_ == Side::kNone, "begin_side: the previous side work was not joined");
+  if (!in_step_) return;
+  arena_->hold_releases();
+  HLM_CUDA_CHECK(cudaEventRecord(side_fork_, stream_));
+  HLM_CUDA_CHECK(cudaStreamWaitEvent(side_stream_, side_fork_, 0));
+  current_ = side_stream_;
+  side_ = Side::kOpen;
+}
+
+void CudaContext::end_side() {
+  if (side_ == Side::kNone && !in_step_) return;
+  HLM_CHECK(side_ == Side::kOpen, "end_side without begin_side");
+  HLM_CUDA_CHECK(cudaEventRecord(side_done_, side_stream_));
+  current_ = stream_;
+  side_ = Side::kUnjoined;
+}
+
+void CudaContext::join_side() {
+  if (side_ == Side::kNone && !in_step_) return;
+  HLM_CHECK(side_ == Side::kUnjoined, "join_side without end_side");
+  HLM_CUDA_CHECK(cudaStreamWaitEvent(stream_, side_done_, 0));
+  arena_->resume_releases();
+  side_ = Side::kNone;
 }
 
 void CudaContext::reserve_workspace(int64_t bytes) {
@@ -100,13 +138,13 @@ void CudaContext::upload(const void* host, void* device, size_t bytes) {
     HLM_CUDA_CHECK(cudaMallocHost(&pinned_, 2 * kPinnedHalf));
     pinned_bytes_ = 2 * kPinnedHalf;
     for (cudaEvent_t& e : pinned_free_) HLM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    for (cudaEvent_t e : pinned_free_) HLM_CUDA_CHECK(cudaEventRecord(e, stream_));
+    for (cudaEvent_t e : pinned_free_) HLM_CUDA_CHECK(cudaEventRecord(e, current_));
   }
   // Inside a captured graph a host buffer's contents at replay time are what counts, so graph inputs
   // are copied from pageable memory synchronously (they are small); outside, chunks go through the two
   // pinned halves so that filling one overlaps the DMA of the other.
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  HLM_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+  HLM_CUDA_CHECK(cudaStreamIsCapturing(current_, &capture));
   HLM_CHECK(capture == cudaStreamCaptureStatusNone, "host-to-device upload while capturing a CUDA graph");
   const auto* src = static_cast<const std::byte*>(host);
   auto* dst = static_cast<std::byte*>(device);
@@ -115,8 +153,8 @@ void CudaContext::upload(const void* host, void* device, size_t bytes) {
     HLM_CUDA_CHECK(cudaEventSynchronize(pinned_free_[half]));
     std::byte* stage = static_cast<std::byte*>(pinned_) + half * kPinnedHalf;
     std::memcpy(stage, src + done, n);
-    HLM_CUDA_CHECK(cudaMemcpyAsync(dst + done, stage, n, cudaMemcpyHostToDevice, stream_));
-    HLM_CUDA_CHECK(cudaEventRecord(pinned_free_[half], stream_));
+    HLM_CUDA_CHECK(cudaMemcpyAsync(dst + done, stage, n, cudaMemcpyHostToDevice, current_));
+    HLM_CUDA_CHECK(cudaEventRecord(pinned_free_[half], current_));
     done += n;
   }
 }

@@ -1,7 +1,8 @@
 // CudaContext: what every CUDA op needs besides its arguments: the device and its stream, where tensors
 // come from (a step-scoped arena inside begin_step/end_step, cudaMalloc outside), the cuBLASLt handle and
 // its workspace, and argument checks that name the op and the tensor. One per CudaOps; ops run in order on
-// its stream, which is also the stream graphs are captured from.
+// its stream, which is also the stream graphs are captured from, except inside a side region of a step
+// (begin_side .. join_side), whose ops run on a second stream concurrently with the main stream's.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -26,7 +27,8 @@ class CudaContext {
   CudaContext& operator=(const CudaContext&) = delete;
 
   int device() const { return device_; }
-  cudaStream_t stream() const { return stream_; }
+  // The stream ops enqueue on: the main stream, or the side stream between begin_side() and end_side().
+  cudaStream_t stream() const { return current_; }
   int sm_count() const { return sm_count_; }
 
   // A device tensor: from the step arena inside a step, from cudaMalloc otherwise. Never zeroed.
@@ -35,12 +37,19 @@ class CudaContext {
 
   void begin_step();
   void end_step();
+  // Ops::begin_side/end_side/join_side inside a step: the side stream starts after the main stream's work
+  // so far, and the main stream waits for the side's work at join_side(). Arena releases are held from
+  // begin_side() to join_side(). Outside a step they change nothing (the ops stay on the main stream).
+  void begin_side();
+  void end_side();
+  void join_side();
   bool in_step() const { return in_step_; }
   void reserve_workspace(int64_t bytes);
   DeviceArena& arena() { return *arena_; }
 
   cublasLtHandle_t cublaslt() const { return cublaslt_; }
-  void* gemm_workspace() const { return gemm_workspace_; }
+  // One per stream: cuBLASLt calls on the two streams may run at once.
+  void* gemm_workspace() const { return current_ == side_stream_ ? side_gemm_workspace_ : gemm_workspace_; }
   size_t gemm_workspace_bytes() const { return gemm_workspace_bytes_; }
 
   // Pinned host buffers for uploads: two halves used alternately, so the copy of one chunk into pinned
@@ -49,7 +58,12 @@ class CudaContext {
 
  private:
   int device_ = 0;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;  // main
+  cudaStream_t side_stream_ = nullptr;
+  cudaStream_t current_ = nullptr;
+  enum class Side { kNone, kOpen, kUnjoined } side_ = Side::kNone;
+  cudaEvent_t side_fork_ = nullptr, side_done_ = nullptr;
+  void* side_gemm_workspace_ = nullptr;
   int sm_count_ = 0;
   bool in_step_ = false;
   std::unique_ptr<DeviceArena> arena_;

@@ -125,6 +125,9 @@ class CudaOps final : public Ops {
   }
 
   void begin_step() override { ctx_.begin_step(); }
+  void begin_side() override { ctx_.begin_side(); }
+  void end_side() override { ctx_.end_side(); }
+  void join_side() override { ctx_.join_side(); }
   void end_step() override { ctx_.end_step(); }
   void reserve_workspace(int64_t bytes) override { ctx_.reserve_workspace(bytes); }
   void synchronize() override { HLM_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream())); }

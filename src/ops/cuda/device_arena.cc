@@ -45,7 +45,17 @@ std::shared_ptr<void> DeviceArena::allocate(size_t bytes) {
       human_bytes(static_cast<int64_t>(capacity_)));
 }
 
+void DeviceArena::resume_releases() {
+  holding_ = false;
+  for (const auto& [offset, bytes] : held_) release(offset, bytes);
+  held_.clear();
+}
+
 void DeviceArena::release(size_t offset, size_t bytes) {
+  if (holding_) {
+    held_.emplace_back(offset, bytes);
+    return;
+  }
   in_use_ -= bytes;
   auto next = free_.lower_bound(offset);
   if (next != free_.end() && offset + bytes == next->first) {

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <utility>
+#include <vector>
 
 namespace hlm::cuda {
 
@@ -22,6 +24,11 @@ class DeviceArena {
   // request and the arena's size and use when it does not fit.
   std::shared_ptr<void> allocate(size_t bytes);
   size_t capacity() const { return capacity_; }
+  // While held, released blocks stay allocated until resume_releases(): with work on two streams the host
+  // releases a block when its last op is enqueued, and the other stream must not get it while that op may
+  // still run. Deterministic like the rest, so graph addresses still repeat.
+  void hold_releases() { holding_ = true; }
+  void resume_releases();
   size_t in_use() const { return in_use_; }
   size_t peak() const { return peak_; }
 
@@ -33,6 +40,8 @@ class DeviceArena {
   size_t in_use_ = 0;
   size_t peak_ = 0;
   std::map<size_t, size_t> free_;  // offset -> size, coalesced
+  bool holding_ = false;
+  std::vector<std::pair<size_t, size_t>> held_;  // (offset, size) released while holding
   // Shared by the deleters of the blocks handed out, so a block released after the arena is gone (a
   // tensor outliving its backend) does not touch freed host state.
   std::shared_ptr<bool> alive_;
