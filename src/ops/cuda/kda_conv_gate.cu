@@ -14,7 +14,7 @@ namespace {
 
 constexpr int kMaxConvWidth = 8;  // the models use 4
 constexpr int kConvThreads = 256;
-constexpr int kConvRows = 32;  // rows of the batch per CTA of short_conv_kernel
+constexpr int kConvRows = 32;  // rows of the batch per CTA of short_conv_kernel, at most
 
 template <class XT>
 struct ShortConvParams {
@@ -28,10 +28,13 @@ struct ShortConvParams {
   int width;
   int num_spans;
   bool state_inline;  // every sequence has at most one new token: short_conv_kernel rewrites the cache
+  int rows_per_cta;   // <= kConvRows
 };
 
-// A CTA takes kConvRows consecutive rows and kConvThreads channels; a thread owns one channel and walks the
-// rows (consecutive threads read consecutive channels: coalesced). Which sequence each row belongs to comes
+// A CTA takes rows_per_cta consecutive rows and kConvThreads channels; a thread owns one channel and walks
+// the rows (consecutive threads read consecutive channels: coalesced). A decode step takes one row per CTA:
+// a thread's rows are a serial chain of cache loads, and at batch 8 walking them made the conv 12 µs
+// against 4 at batch 1 (ncu, 48B config). Which sequence each row belongs to comes
 // from one scan of the span table per CTA (S is small), so rows outside every span are found on the device
 // and written as zeros, as graphs require. Taps before a sequence's first new token read the cached inputs;
 // the cache is rewritten afterwards by short_conv_state_kernel, because the first W-1 rows of a sequence
@@ -44,14 +47,14 @@ __global__ void __launch_bounds__(kConvThreads) short_conv_kernel(ShortConvParam
   pdl_trigger();
   __shared__ int row_pos[kConvRows];   // the row's index among its sequence's new tokens; -1: no sequence
   __shared__ int row_slot[kConvRows];  // the sequence's cache slot
-  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kConvRows;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * p.rows_per_cta;
   for (int i = threadIdx.x; i < kConvRows; i += blockDim.x) row_pos[i] = -1;
   __syncthreads();
   for (int s = threadIdx.x; s < p.num_spans; s += blockDim.x) {
     const Span span = load_span(p.table, s);
     if (span.count <= 0 || span.slot < 0) continue;
     const int64_t lo = max(static_cast<int64_t>(span.begin), row0);
-    const int64_t hi = min(static_cast<int64_t>(span.begin) + span.count, row0 + kConvRows);
+    const int64_t hi = min(static_cast<int64_t>(span.begin) + span.count, row0 + p.rows_per_cta);
     for (int64_t r = lo; r < hi; ++r) {
       row_pos[r - row0] = static_cast<int>(r - span.begin);
       row_slot[r - row0] = span.slot;
@@ -68,7 +71,7 @@ __global__ void __launch_bounds__(kConvThreads) short_conv_kernel(ShortConvParam
   for (int j = 0; j < kMaxConvWidth; ++j)
     taps[j] = j < p.width ? p.w.load(c * static_cast<int64_t>(p.width) + j) : 0.0f;
 
-  const int rows_here = static_cast<int>(min(static_cast<int64_t>(kConvRows), p.rows - row0));
+  const int rows_here = static_cast<int>(min(static_cast<int64_t>(p.rows_per_cta), p.rows - row0));
   for (int i = 0; i < rows_here; ++i) {
     const int t = row_pos[i];
     float acc = 0.0f;
@@ -126,7 +129,7 @@ __global__ void __launch_bounds__(kConvThreads) short_conv_state_kernel(ShortCon
 
 template <class XT>
 void launch_short_conv(const ShortConvParams<XT>& p, cudaStream_t stream) {
-  const dim3 conv_grid(blocks_for(p.channels, kConvThreads), blocks_for(p.rows, kConvRows));
+  const dim3 conv_grid(blocks_for(p.channels, kConvThreads), blocks_for(p.rows, p.rows_per_cta));
   launch_pdl(short_conv_kernel<XT>, conv_grid, kConvThreads, 0, stream, p);
   HLM_CHECK_LAUNCH("short_conv_kernel");
   if (p.num_spans == 0 || p.width == 1 || p.state_inline) return;  // no cache, or rewritten above
@@ -251,7 +254,8 @@ Tensor short_conv(CudaContext& ctx, const Tensor& x, const Tensor& w, const SeqB
                                 static_cast<int>(channels),
                                 static_cast<int>(width),
                                 static_cast<int>(seqs.spans.size()),
-                                single_tokens};
+                                single_tokens,
+                                single_tokens ? 1 : kConvRows};
     launch_short_conv(p, ctx.stream());
   });
   return y;
