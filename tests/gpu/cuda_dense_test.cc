@@ -249,5 +249,36 @@ TEST_F(CudaDense, StepScratchComesFromTheArenaAtRepeatingAddresses) {
   gpu->end_step();
 }
 
+// Ops::begin_side .. join_side inside a step: the side's GEMMs (cuBLASLt and the skinny kernel, each stream
+// with its own workspace) give what they give on the main stream, and a block released while side work is
+// pending is not handed out again before the join (the side stream may still be using it).
+TEST_F(CudaDense, SideStreamWorkIsJoinedAndItsReleasesHeld) {
+  HLM_GPU_OR_SKIP(gpu);
+  gpu->reserve_workspace(int64_t{64} << 20);
+  Tensor x = round_bf16(random_f32({32, 512}, rng_)), x1 = round_bf16(random_f32({1, 512}, rng_));
+  Tensor w = round_bf16(random_f32({640, 512}, rng_, -0.1f, 0.1f));
+  Tensor xg = to_gpu_bf16(*gpu, x), x1g = to_gpu_bf16(*gpu, x1), wg = to_gpu_bf16(*gpu, w);
+  gpu->begin_step();
+  gpu->begin_side();
+  Tensor side_big = gpu->linear(xg, wg, true);   // [32, 640] cuBLASLt
+  Tensor side_one = gpu->linear(x1g, wg, true);  // [1, 640] skinny GEMM
+  Tensor scratch = gpu->empty({4096}, DType::kF32);
+  const void* released = scratch.raw();
+  scratch = Tensor();
+  gpu->end_side();
+  Tensor main_big = gpu->linear(xg, wg, true);
+  Tensor during = gpu->empty({4096}, DType::kF32);
+  EXPECT_NE(during.raw(), released);
+  gpu->join_side();
+  Tensor after = gpu->empty({4096}, DType::kF32);
+  EXPECT_EQ(after.raw(), released);
+  const Tensor got_big = gpu->to_host_f32(side_big), got_one = gpu->to_host_f32(side_one);
+  const Tensor got_main = gpu->to_host_f32(main_big);
+  gpu->end_step();
+  EXPECT_LE(rel_l2(got_big, cpu_->linear(x, w)), kF32Dot);
+  EXPECT_LE(rel_l2(got_one, cpu_->linear(x1, w)), kF32Dot);
+  EXPECT_EQ(rel_l2(got_big, got_main), 0.0);
+}
+
 }  // namespace
 }  // namespace hlm::test
