@@ -108,9 +108,7 @@ struct SectionReport {
 std::vector<SectionReport> section_reports(const ModelConfig& cfg,
                                            const std::array<std::vector<double>, kNumStepSections>& times,
                                            const StepBytes& bytes, double bandwidth) {
-  const int moe = cfg.num_moe_layers();
-  const std::array<int, kNumStepSections> layers = {
-      1, cfg.num_kda_layers(), cfg.num_mla_layers(), static_cast<int>(cfg.num_layers) - moe, moe, 1};
+  const std::array<int, kNumStepSections> layers = step_section_counts(cfg);
   std::vector<SectionReport> out;
   for (int i = 0; i < kNumStepSections; ++i) {
     if (layers[i] == 0) continue;

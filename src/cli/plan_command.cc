@@ -24,6 +24,7 @@
 #include "cli/commands.h"
 #include "cli/format.h"
 #include "model/memory_plan.h"
+#include "ops/backend.h"
 #include "parallel/layout_rules.h"
 #include "weights/model_source.h"
 #include "weights/safetensors.h"
@@ -86,23 +87,19 @@ void extrapolate_step(const ModelConfig& cfg, const Mapping& m, const PlanArgs& 
             "the MoE bytes and their efficiency, depend on the batch)",
             path, batch, a.batch);
   const double bandwidth = field(j, "copy_bandwidth_gb_s").get<double>() * 1e9;
-  // The layout's bytes in the dtypes the measured backend holds (the CPU keeps every float weight as F32,
-  // a GPU keeps 16-bit floats as BF16), so that time per byte carries over.
+  // The layout's bytes in the dtypes the measured backend holds, so that time per byte carries over.
   const std::string device = field(j, "device").get<std::string>();
   HLM_CHECK(device == "cpu" || device == "cuda", "--layer-times {}: unknown device \"{}\"", path, device);
+  const Device measured_on = device == "cpu" ? Device::kCpu : Device::kCuda;
   const StoredDType held = [&](const WeightSpec& spec) {
-    const DType d = dtype_of(spec);
-    if (d == DType::kU8 || d == DType::kI32 || d == DType::kI64) return d;
-    return device == "cpu" ? DType::kF32 : (d == DType::kF16 ? DType::kBF16 : d);
+    return held_weight_dtype(measured_on, dtype_of(spec));
   };
   const int64_t held_kv = field(j, "kv_bytes_per_value").get<int64_t>();
   HLM_CHECK(held_kv == 1 || held_kv == 2 || held_kv == 4,
             "--layer-times {}: kv_bytes_per_value {} is not 1, 2 or 4", path, held_kv);
   const StepBytes bytes =
       decode_step_bytes(cfg, m, a.context, a.batch, a.layout.tokens_per_block, held, held_kv, held_kv);
-  const int moe = cfg.num_moe_layers();
-  const std::array<int, kNumStepSections> layers = {
-      1, cfg.num_kda_layers(), cfg.num_mla_layers(), static_cast<int>(cfg.num_layers) - moe, moe, 1};
+  const std::array<int, kNumStepSections> layers = step_section_counts(cfg);
   std::cout << fmt::format(
       "decode step extrapolated from {} (measured: {} layers, {} context, batch {}, {:.0f} GB/s copy "
       "bandwidth), rank 0 of this layout at {} tokens; communication not included:\n",

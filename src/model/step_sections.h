@@ -6,6 +6,8 @@
 
 #include <array>
 
+#include "config/model_config.h"
+
 namespace hlm {
 
 enum class StepSection { kEmbedding, kKdaAttention, kMlaAttention, kDenseFfn, kMoeFfn, kHead };
@@ -15,5 +17,11 @@ constexpr std::array<const char*, kNumStepSections> kStepSectionNames = {
     "embedding", "kda_attention", "mla_attention", "dense_ffn", "moe_ffn", "head"};
 
 constexpr const char* step_section_name(StepSection s) { return kStepSectionNames[static_cast<int>(s)]; }
+
+// Sections of each kind in one step of `cfg` (one embedding, one head).
+inline std::array<int, kNumStepSections> step_section_counts(const ModelConfig& cfg) {
+  const int moe = cfg.num_moe_layers();
+  return {1, cfg.num_kda_layers(), cfg.num_mla_layers(), static_cast<int>(cfg.num_layers) - moe, moe, 1};
+}
 
 }  // namespace hlm

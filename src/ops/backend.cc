@@ -14,6 +14,11 @@ namespace hlm {
 
 bool cuda_built() { return HLM_HAVE_CUDA != 0; }
 
+DType held_weight_dtype(Device device, DType stored) {
+  if (device == Device::kCpu) return stored == DType::kBF16 || stored == DType::kF16 ? DType::kF32 : stored;
+  return stored == DType::kF16 ? DType::kBF16 : stored;
+}
+
 int cuda_device_count(std::string* why) {
 #if HLM_HAVE_CUDA
   return cuda::device_count(why);

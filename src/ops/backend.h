@@ -24,5 +24,9 @@ int cuda_device_count(std::string* why);
 // is an error naming the reason.
 Device resolve_device(DeviceChoice choice);
 std::unique_ptr<Ops> make_ops(Device device, const BackendOptions& options);
+// The dtype `device`'s backend keeps a weight stored as `stored` in (its Ops::weight_dtype, also for
+// planning without a backend): the CPU holds 16-bit floats as F32, a GPU holds F16 as BF16, the rest
+// stays as stored.
+DType held_weight_dtype(Device device, DType stored);
 
 }  // namespace hlm

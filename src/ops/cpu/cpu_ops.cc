@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "base/half.h"
+#include "ops/backend.h"
 #include "ops/cpu/cpu_kernels.h"
 #include "ops/random_hash.h"
 
@@ -64,9 +65,7 @@ class CpuOps final : public Ops {
 
   Tensor empty(const Shape& shape, DType dtype) override { return Tensor::empty(shape, dtype); }
   Tensor zeros(const Shape& shape, DType dtype) override { return Tensor::zeros(shape, dtype); }
-  DType weight_dtype(DType stored) const override {
-    return stored == DType::kBF16 || stored == DType::kF16 ? DType::kF32 : stored;
-  }
+  DType weight_dtype(DType stored) const override { return held_weight_dtype(Device::kCpu, stored); }
 
   void upload_into(const Tensor& host, Tensor& dst) override {
     expect_host(host, "upload_into", "the source");

@@ -10,6 +10,7 @@
 
 #include "base/half.h"
 #include "base/log.h"
+#include "ops/backend.h"
 #include "ops/cuda/cuda_kernels.h"
 
 namespace hlm::cuda {
@@ -72,7 +73,7 @@ class CudaOps final : public Ops {
   Device device() const override { return Device::kCuda; }
   Tensor empty(const Shape& shape, DType dtype) override { return ctx_.empty(shape, dtype); }
   Tensor zeros(const Shape& shape, DType dtype) override { return ctx_.zeros(shape, dtype); }
-  DType weight_dtype(DType stored) const override { return stored == DType::kF16 ? DType::kBF16 : stored; }
+  DType weight_dtype(DType stored) const override { return held_weight_dtype(Device::kCuda, stored); }
 
   void upload_into(const Tensor& host, Tensor& dst) override {
     HLM_CHECK(host.defined() && host.device() == Device::kCpu,
