@@ -1,14 +1,17 @@
-// kernel_bench: helixlm's CUDA KDA and MLA ops at the shapes of the speed issue (docs/benchmarks.md,
-// "Kernels against peers"), and the small ops of a decode step, timed the way tools/bench_kernels.py times
-// the peers in the same job: a decode op is captured kCalls times back to back in one CUDA graph and the
-// graph replayed (time per call, so launch gaps count as they do inside a decode step); a prefill op runs
-// eagerly. Inputs are random values generated on the GPU. Prints one JSON object per case: the op, the shape,
-// the median time and the bytes the op must move over the copy bandwidth measured in the same process.
+// kernel_bench: helixlm's CUDA KDA, MLA and routed-expert ops at the shapes of the speed issue
+// (docs/benchmarks.md, "Kernels against peers"), and the small ops of a decode step, timed the way
+// tools/bench_kernels.py times the peers in the same job: a decode op is captured kCalls times back to back
+// in one CUDA graph and the graph replayed (time per call, so launch gaps count as they do inside a decode
+// step); a prefill op runs eagerly. Inputs are random values generated on the GPU. Prints one JSON object per
+// case: the op, the shape, the median time and the bytes the op must move over the copy bandwidth measured in
+// the same process. --small-ops, --mla and --moe run one group of cases alone.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <iostream>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -111,14 +114,19 @@ constexpr int64_t kHeads = 32, kDim = 128;
 // KDA decode, one token per sequence, on the same q, k, v and fp32 state [B, H, K, V] (its bytes read and
 // written are what each form must move): the recurrence alone (kda_decode, decays and beta precomputed);
 // the fused kda_decode_gated (gate, beta, recurrence and gated norm in one kernel); and the same work as
-// Ops::kda_decode_gated defines it, four separate ops.
+// Ops::kda_decode_gated defines it, four separate ops. The calls alternate between two states: the kernel
+// reads its state before waiting for the kernel before it (PDL), which a step allows because that kernel
+// (the short conv) never writes the state; a call right after one on the same state would race with it.
 void kda_decode_cases(Ops& ops, int64_t batch, double bw) {
   Tensor q = random_tensor(ops, {batch, kHeads, kDim}, DType::kBF16, 1.0f, 0.0f, 1);
   Tensor k = random_tensor(ops, {batch, kHeads, kDim}, DType::kBF16, 1.0f, 0.0f, 2);
   Tensor v = random_tensor(ops, {batch, kHeads, kDim}, DType::kBF16, 1.0f, 0.0f, 3);
-  Tensor state = random_tensor(ops, {batch, kHeads, kDim, kDim}, DType::kF32, 0.05f, 0.0f, 6);
+  Tensor states[2] = {random_tensor(ops, {batch, kHeads, kDim, kDim}, DType::kF32, 0.05f, 0.0f, 6),
+                      random_tensor(ops, {batch, kHeads, kDim, kDim}, DType::kF32, 0.05f, 0.0f, 16)};
+  size_t call = 0;
+  auto state = [&]() -> Tensor& { return states[call++ % 2]; };
   const SeqBatch seqs = seq_batch(ops, batch, 1);
-  const double bytes = 2.0 * static_cast<double>(state.nbytes());
+  const double bytes = 2.0 * static_cast<double>(states[0].nbytes());
   const nlohmann::json shape{{"batch", batch}, {"heads", kHeads}, {"dim", kDim}};
   auto report = [&](const char* name, const std::function<void()>& op) {
     nlohmann::json j = shape;
@@ -128,7 +136,7 @@ void kda_decode_cases(Ops& ops, int64_t batch, double bw) {
 
   Tensor g = random_tensor(ops, {batch, kHeads, kDim}, DType::kF32, 0.05f, -0.1f, 4);  // log decays < 0
   Tensor beta = random_tensor(ops, {batch, kHeads}, DType::kF32, 0.4f, 0.5f, 5);
-  report("kda_decode", [&] { ops.kda_decode(q, k, v, g, beta, seqs, state); });
+  report("kda_decode", [&] { ops.kda_decode(q, k, v, g, beta, seqs, state()); });
 
   Tensor graw = random_tensor(ops, {batch, kHeads * kDim}, DType::kBF16, 2.0f, 0.0f, 4);
   Tensor beta_logits = random_tensor(ops, {batch, kHeads}, DType::kBF16, 2.0f, 0.0f, 5);
@@ -138,9 +146,9 @@ void kda_decode_cases(Ops& ops, int64_t batch, double bw) {
   hp.dt_bias = random_tensor(ops, {kHeads * kDim}, DType::kF32, 1.0f, 0.0f, 9);
   hp.o_norm = random_tensor(ops, {kDim}, DType::kBF16, 0.5f, 1.0f, 10);
   report("kda_decode_gated",
-         [&] { ops.kda_decode_gated(q, k, v, graw, beta_logits, out_gate, hp, seqs, state); });
+         [&] { ops.kda_decode_gated(q, k, v, graw, beta_logits, out_gate, hp, seqs, state()); });
   report("kda_decode_separate_ops",
-         [&] { ops.Ops::kda_decode_gated(q, k, v, graw, beta_logits, out_gate, hp, seqs, state); });
+         [&] { ops.Ops::kda_decode_gated(q, k, v, graw, beta_logits, out_gate, hp, seqs, state()); });
 }
 
 // The small ops of a batch-1 decode step of Kimi-Linear-48B (hidden 2304, 256 experts, top 8) one at a
@@ -230,9 +238,75 @@ void mla_decode_case(Ops& ops, int64_t batch, int64_t heads, int64_t keys, doubl
         t, bytes, bw);
 }
 
+// The routed experts alone (moe_experts: work list, gate|up, down, combine) at a decode batch of `tokens`,
+// each token routed to top_k distinct experts drawn at random. Every call of the captured graph takes
+// another routing (kCalls of them), so a call's experts are not left in L2 by the call before, as in a
+// decode step, where each layer has its own experts. Bytes: the distinct experts of the call's routing,
+// each read once (codes and scales for MXFP4), averaged over the calls.
+void moe_experts_case(Ops& ops, const char* model, int64_t local, int64_t hidden, int64_t inter,
+                      int64_t top_k, bool mxfp4, int64_t tokens, double bw) {
+  ExpertWeights ew;
+  double expert_bytes = 0.0;
+  if (mxfp4) {
+    const RandomFill codes{0.0f, 0.0f, 0, 255, 41}, scales{0.0f, 0.0f, 118, 126, 42};
+    auto fill = [&](const Shape& shape, const RandomFill& f) {
+      Tensor t = ops.empty(shape, DType::kU8);
+      ops.random_fill(t, f);
+      return t;
+    };
+    ew.gate = fill({local, inter, hidden / 2}, codes);
+    ew.up = fill({local, inter, hidden / 2}, codes);
+    ew.down = fill({local, hidden, inter / 2}, codes);
+    ew.gate_scale = fill({local, inter, hidden / 32}, scales);
+    ew.up_scale = fill({local, inter, hidden / 32}, scales);
+    ew.down_scale = fill({local, hidden, inter / 32}, scales);
+    expert_bytes = 3.0 * static_cast<double>(inter * hidden) * (0.5 + 1.0 / 32);
+  } else {
+    ew.gate = random_tensor(ops, {local, inter, hidden}, DType::kBF16, 0.05f, 0.0f, 41);
+    ew.up = random_tensor(ops, {local, inter, hidden}, DType::kBF16, 0.05f, 0.0f, 42);
+    ew.down = random_tensor(ops, {local, hidden, inter}, DType::kBF16, 0.05f, 0.0f, 43);
+    expert_bytes = 3.0 * static_cast<double>(inter * hidden) * 2.0;
+  }
+  Tensor x = random_tensor(ops, {tokens, hidden}, DType::kBF16, 1.0f, 0.0f, 44);
+  Tensor weights = random_tensor(ops, {tokens, top_k}, DType::kF32, 0.1f, 0.1f, 45);
+  std::mt19937 rng(46);
+  std::vector<Tensor> routings;
+  double touched = 0.0;
+  for (int c = 0; c < kCalls; ++c) {
+    std::vector<int32_t> ids;
+    std::vector<bool> used(static_cast<size_t>(local), false);
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::vector<int32_t> all(static_cast<size_t>(local));
+      std::iota(all.begin(), all.end(), 0);
+      std::shuffle(all.begin(), all.end(), rng);
+      for (int64_t j = 0; j < top_k; ++j) {
+        ids.push_back(all[j]);
+        used[all[j]] = true;
+      }
+    }
+    touched += static_cast<double>(std::count(used.begin(), used.end(), true)) / kCalls;
+    routings.push_back(device_i32(ops, {tokens, top_k}, ids));
+  }
+  size_t call = 0;
+  const double t = graph_seconds_per_call(ops, [&] {
+    ops.moe_experts(x, routings[call++ % routings.size()], weights, ew, 0, ActivationParams{});
+  });
+  print({{"op", "moe_experts"},
+         {"model", model},
+         {"tokens", tokens},
+         {"local_experts", local},
+         {"hidden", hidden},
+         {"intermediate", inter},
+         {"top_k", top_k},
+         {"weights", mxfp4 ? "mxfp4" : "bf16"},
+         {"experts_touched", touched}},
+        t, touched * expert_bytes, bw);
+}
+
 // small_ops_only: the small decode ops alone, in 1 GB of device memory (so that a profiler replaying
-// their kernels has little memory to save and restore). mla_only: the MLA decode cases alone.
-int run(bool small_ops_only, bool mla_only) {
+// their kernels has little memory to save and restore). mla_only: the MLA decode cases alone. moe_only:
+// the routed-expert cases alone.
+int run(bool small_ops_only, bool mla_only, bool moe_only) {
   std::string why;
   if (cuda_device_count(&why) == 0) {
     std::cerr << "kernel_bench: no GPU: " << why << "\n";
@@ -242,8 +316,16 @@ int run(bool small_ops_only, bool mla_only) {
   ops->reserve_workspace(small_ops_only ? int64_t{256} << 20 : int64_t{32} << 30);
   const double bw = copy_bandwidth(*ops, small_ops_only ? int64_t{256} << 20 : int64_t{2} << 30);
   std::cout << nlohmann::json{{"op", "copy"}, {"gb_s", bw / 1e9}}.dump() << std::endl;
-  if (!mla_only) decode_small_op_cases(*ops, bw);
+  if (!mla_only && !moe_only) decode_small_op_cases(*ops, bw);
   if (small_ops_only) return 0;
+  if (!mla_only) {
+    // Kimi-Linear-48B: 256 BF16 experts of [1024, 2304], top 8. K3: MXFP4 experts of [3072, 3584], top 16,
+    // 224 of them (a quarter of the 896: one rank's share under expert parallelism over 4).
+    for (int64_t tokens : {1, 8, 32, 64})
+      moe_experts_case(*ops, "kimi-linear-48b", 256, 2304, 1024, 8, false, tokens, bw);
+    for (int64_t tokens : {1, 8}) moe_experts_case(*ops, "kimi-k3", 224, 3584, 3072, 16, true, tokens, bw);
+  }
+  if (moe_only) return 0;
   if (!mla_only) {
     for (int64_t b : {1, 8, 64}) kda_decode_cases(*ops, b, bw);
     for (int64_t b : {1, 4}) {
@@ -261,13 +343,13 @@ int run(bool small_ops_only, bool mla_only) {
 
 int main(int argc, char** argv) {
   const std::string arg = argc == 2 ? argv[1] : "";
-  const bool small_ops_only = arg == "--small-ops", mla_only = arg == "--mla";
-  if (argc > 2 || (argc == 2 && !small_ops_only && !mla_only)) {
-    std::cerr << "usage: kernel_bench [--small-ops | --mla]\n";
+  const bool small_ops_only = arg == "--small-ops", mla_only = arg == "--mla", moe_only = arg == "--moe";
+  if (argc > 2 || (argc == 2 && !small_ops_only && !mla_only && !moe_only)) {
+    std::cerr << "usage: kernel_bench [--small-ops | --mla | --moe]\n";
     return 2;
   }
   try {
-    return hlm::run(small_ops_only, mla_only);
+    return hlm::run(small_ops_only, mla_only, moe_only);
   } catch (const std::exception& e) {
     std::cerr << "kernel_bench: " << e.what() << "\n";
     return 1;

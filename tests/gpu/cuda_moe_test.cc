@@ -386,8 +386,7 @@ TEST(CudaMoe, ExpertsKimiLinearAndK3Shapes) {
                          Shape{3584, 3072, 4, 892, 896, 16, 0.25, true, Activation::kSitu}}) {
     const Experts ex = s.mxfp4 ? mxfp4_experts(*gpu, s.local, s.inter, s.hidden, 118, 122, 118, 122, rng)
                                : dense_experts(*gpu, s.local, s.inter, s.hidden, DType::kBF16, rng);
-    // T = 1 and (for Kimi Linear) 16: each GEMM CTA finds its expert from idx (at most 128 pairs); T = 64
-    // and K3's T = 16: the work-list kernel.
+    // T = 1 (8 or 16 pairs): the one-warp work list; T = 16 and 64: the 1024-thread one.
     for (int64_t rows : {1, 16, 64}) {
       Tensor x = round_bf16(random_f32({rows, s.hidden}, rng));
       Tensor idx = random_routing(rows, s.k, s.total, s.begin, s.local, s.local_share, rng);
@@ -520,8 +519,8 @@ TEST(CudaMoe, ExpertsEdgeRoutings) {
   }
 }
 
-// More local experts than one warp's mask words cover (1,100 > 1,024) take the work-list kernel even for a
-// decode-sized batch; 1,024 is the largest count the CTAs' own search takes, with experts in its last word.
+// Many local experts (1,024 and 1,100, the last one among those routed to) under a decode-sized batch (12
+// pairs: the one-warp work list).
 TEST(CudaMoe, ExpertsManyLocalExpertsSmallBatch) {
   HLM_GPU_OR_SKIP(gpu);
   auto cpu = make_cpu_ops();

@@ -9,8 +9,7 @@
 // over 4 CTAs (K = V = 128: 128 CTAs at batch 1, about one per SM, 16 KB of state each in registers). A
 // trivial in-place stream of the same bytes takes 2.38 µs as a graph node, and 1.34 µs with programmatic
 // dependent launch and its loads issued before griddepcontrol.wait (KERNELS.md §3.3): the ≤ 2 µs target
-// needs PDL, and the state loads below already come before any read of an earlier kernel's output (the
-// span table is host-written metadata), so it can be added without reordering.
+// needs PDL, and the state loads below come before the wait for the kernel before (see the kernel).
 //
 // kda_decode_gated is the same kernel with the layer's small ops around the recurrence folded in, which
 // saves three launches per KDA layer: the decays come from the raw gate projection (kda_gate's formula per
@@ -186,10 +185,12 @@ __device__ __forceinline__ float4 gated_norm(float4 o, const KdaGatedInputs& in,
 // values in registers from load to store; the two sums over key rows (S^T k̂ after the decay, S^T q̂ after
 // the update) are a warp butterfly plus one shared-memory step. A row that no span covers gets zeros.
 // kGated: kda_decode_gated (the file comment), launched in clusters of kSplits CTAs along x.
+// PDL: the span lookup and the state loads come before pdl_wait(). The span table is host-written
+// metadata, and the state is written only by this layer's own decode or prefill kernel of an earlier step
+// (or reset between steps), never by the kernel just before this one; every earlier kernel has completed
+// once this grid runs (pdl.cuh). So the 16 KB of state per CTA stream in while the short conv finishes.
 template <int D, class XT, bool kGated>
 __global__ void __launch_bounds__(DecodeTile<D>::kThreads) kda_decode_kernel(KdaDecodeParams<XT> p) {
-  pdl_wait();
-  pdl_trigger();
   using Tile = DecodeTile<D>;
   __shared__ Span span_shared;
   __shared__ float q_sh[D], k_sh[D], decay_sh[D];  // raw q and k (the norm factors apply on use), exp(g)
@@ -206,6 +207,8 @@ __global__ void __launch_bounds__(DecodeTile<D>::kThreads) kda_decode_kernel(Kda
 
   const Span span = block_find_span(p.table, p.num_spans, row, &span_shared);
   if (span.slot < 0) {  // padding or a row of no sequence: zero output, no state
+    pdl_wait();
+    pdl_trigger();
     if (row_group == 0) store4_bf16(out, {0.0f, 0.0f, 0.0f, 0.0f});
     return;
   }
@@ -217,6 +220,8 @@ __global__ void __launch_bounds__(DecodeTile<D>::kThreads) kda_decode_kernel(Kda
   for (int i = 0; i < Tile::kRows; ++i) {
     s[i] = *reinterpret_cast<const float4*>(state + (row_group + Tile::kRowGroups * i) * D);
   }
+  pdl_wait();
+  pdl_trigger();
 
   float2 factors;
   float b;

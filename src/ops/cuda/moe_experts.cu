@@ -1,8 +1,9 @@
 // Routed experts on the GPU (docs/MODEL.md §7.2, §7.5): Σ_k w · down_e(act(gate_e x) ⊙ up_e x) over the
 // experts this rank holds, in four launches that never need the per-expert counts on the host (so a
 // decode step can be captured as a CUDA graph):
-//  1. build_work_list_kernel: the expert-major work list in fixed worst-case buffers: the active local
-//     experts in ascending order, each with its segment of (token, slot) pairs t·k + j.
+//  1. build_work_list_kernel (build_small_work_list_kernel, one warp, for up to 32 pairs): the
+//     expert-major work list in fixed worst-case buffers: the active local experts in ascending order,
+//     each with its segment of (token, slot) pairs t·k + j.
 //  2. expert_gemm_kernel<gate, up>: per active expert and 16-row tile of the intermediate, the gate and up
 //     rows times the expert's tokens, then act(gate)·up rounded to bf16 into h [T·k, I] (row t·k + j).
 //  3. expert_gemm_kernel<down>: per active expert and 16-row tile of the hidden size, down rows times the
@@ -15,6 +16,7 @@
 // that the token chunks re-read the rows, from L2 when they fit). Dense BF16 or F32 weights (F32 rounded
 // to bf16 as it is loaded) and MXFP4 codes (dequantized in registers) share the kernel.
 #include <algorithm>
+#include <type_traits>
 
 #include "ops/cuda/cuda_kernels.h"
 #include "ops/cuda/device_math.cuh"
@@ -25,7 +27,7 @@ namespace hlm::cuda {
 
 namespace {
 
-constexpr int kSplitK = 4;            // warps per GEMM CTA, each taking every 4th K chunk of the tile
+constexpr int kSplitK = 4;            // warps per GEMM CTA (but see expert_gemm_bf16_one_tile_kernel)
 constexpr int kListThreads = 1024;    // the work-list kernel is one CTA
 constexpr int kExpertsPerThread = 4;  // local experts each work-list thread scans
 constexpr int kMaxLocalExperts = kListThreads * kExpertsPerThread;
@@ -127,6 +129,44 @@ __global__ void __launch_bounds__(kListThreads) build_work_list_kernel(WorkListP
   }
 }
 
+// The same list from one warp when the batch has at most 32 (token, slot) pairs (a decode step of up to
+// 4 tokens at top-8): lane i holds pair i's local expert. Lanes with the same expert find each other with
+// __match_any_sync; an expert's slot is the number of distinct local experts below it and its segment
+// begins after the pairs of those experts, both counted over the lanes in one pass; a pair's entry follows
+// the lower pairs of its expert, so the order inside a segment is ascending (the 1024-thread kernel's
+// barriers and scans took about 3 µs per call at batch 1, measured with ncu on an H200; with this kernel
+// the routed experts of a 48B batch-1 step took 39.0 µs against 39.9 in kernel_bench --moe).
+__global__ void __launch_bounds__(32) build_small_work_list_kernel(WorkListParams p) {
+  pdl_wait();
+  pdl_trigger();
+  const int lane = threadIdx.x;
+  int64_t e = -1;
+  if (lane < p.pairs) {
+    e = static_cast<int64_t>(p.idx[lane]) - p.expert_begin;
+    if (e < 0 || e >= p.local) e = -1;
+  }
+  const bool valid = e >= 0;
+  const unsigned peers = __match_any_sync(0xffffffffu, static_cast<int>(e));
+  const bool first = valid && (peers & ((1u << lane) - 1)) == 0;  // the lowest pair of its expert
+  int slot = 0, begin = 0;
+  for (int j = 0; j < 32; ++j) {
+    const int64_t ej = __shfl_sync(0xffffffffu, e, j);
+    const bool fj = __shfl_sync(0xffffffffu, first, j);
+    if (ej >= 0 && ej < e) {
+      begin += 1;
+      slot += fj;
+    }
+  }
+  const unsigned firsts = __ballot_sync(0xffffffffu, first);
+  if (first) {
+    p.list.active_expert[slot] = static_cast<int32_t>(e);
+    p.list.active_begin[slot] = begin;
+    p.list.active_count[slot] = __popc(peers);
+  }
+  if (valid) p.list.entries[begin + __popc(peers & ((1u << lane) - 1))] = lane;
+  if (lane == 0) *p.list.num_active = __popc(firsts);
+}
+
 __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   uint32_t d;
   asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
@@ -195,31 +235,53 @@ __device__ __forceinline__ void load_row(const void* w, const uint8_t* scale, in
   }
 }
 
+// The bf16x2 factors that take one MXFP4 row's decoded codes (below) to value · 2^(s - 127) for its scale
+// byte s: f1 = 2^(s - 1), a normal bf16 for s <= 128 (scales up to 2); a larger scale takes f1 = 2^127 and
+// a second factor f2 = 2^(s - 128) (f2 = 1 otherwise).
+struct Mxfp4Factors {
+  uint32_t f1, f2;
+};
+__device__ __forceinline__ Mxfp4Factors mxfp4_factors(uint32_t s) {
+  const uint32_t e1 = s <= 128 ? s + 126 : 254u, e2 = s <= 128 ? 127u : s - 1;
+  return {(e1 << 7) * 0x10001u, (e2 << 7) * 0x10001u};
+}
+
 // Eight e2m1 codes (nibble i = column i of a run) -> four bf16x2 words holding the columns (j, j + 4),
 // each times 2^(s - 127). Moving the sign to bit 15 and the 3 magnitude bits to bits 8..6 of a half makes
 // a bf16 worth the e2m1 value · 2^-126 (code 1, 0.5, becomes the subnormal 2^-127, which bf16 arithmetic
-// keeps); one multiply by 2^(s - 1) then gives value · 2^(s - 127), exactly. 2^(s - 1) is a normal bf16
-// for s <= 128 (scales up to 2); larger scales take a second factor.
-__device__ __forceinline__ void e2m1x8_to_bf16(uint32_t q, uint32_t s, uint32_t (&w)[4]) {
-  const uint32_t f1 = s <= 128 ? (s + 126) << 7 : 254u << 7;
-  const uint32_t factor = f1 | (f1 << 16);
+// keeps); the multiply by f1 (and, kBig, f2) then gives value · 2^(s - 127), exactly.
+// The bits move in two steps, which costs fewer integer instructions than masking and shifting magnitude
+// and sign of each word apart (this decode is most of an MXFP4 chunk's instructions). For v = q (nibbles
+// 0, 1 | 4, 5) and v = q >> 8 (nibbles 2, 3 | 6, 7 in the same places): one select puts each nibble's sign
+// 6 bits above its magnitude (magnitude bits from v, sign bits from v << 6); then a mask and one shift
+// per word, by 6 for nibbles 0 | 4 and by 2 for nibbles 1 | 5, land both in place: 13 integer
+// instructions per 8 codes against 18 (ptxas output), and the K3 experts took 125 µs at batch 1 against
+// 137, 710 against 771 at batch 8 (kernel_bench --moe on an H200).
+template <bool kBig>
+__device__ __forceinline__ void e2m1x8_to_bf16(uint32_t q, const Mxfp4Factors& f, uint32_t (&w)[4]) {
+  constexpr uint32_t kMagnitudes = 0x00770077u;  // bits 0-2 and 4-6 of each half
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t v = h == 0 ? q : q >> 8;
+    uint32_t both;  // (v & kMagnitudes) | ((v << 6) & ~kMagnitudes) as one LOP3 (ptxas made it two)
+    asm("lop3.b32 %0, %1, %2, %3, 0xE4;" : "=r"(both) : "r"(v), "r"(v << 6), "n"(kMagnitudes));
+    w[2 * h] = (both & 0x02070207u) << 6;
+    w[2 * h + 1] = (both & 0x20702070u) << 2;
+  }
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const uint32_t x = q >> (4 * j);
-    w[j] = mul_bf16x2(((x & 0x00070007u) << 6) | ((x & 0x00080008u) << 12), factor);
-  }
-  if (s > 128) {
-    const uint32_t f2 = (s - 1) << 7;  // 2^(s - 128)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) w[j] = mul_bf16x2(w[j], f2 | (f2 << 16));
+    w[j] = mul_bf16x2(w[j], f.f1);
+    if constexpr (kBig) w[j] = mul_bf16x2(w[j], f.f2);
   }
 }
 
-// The A words of run `run`: w[0], w[1] feed the first k-step, w[2], w[3] the second.
-template <WFormat F>
-__device__ __forceinline__ void row_words(const RowChunk<F>& rc, int run, uint32_t (&w)[4]) {
+// The A words of run `run`: w[0], w[1] feed the first k-step, w[2], w[3] the second. `f`: the row's MXFP4
+// factors (unused for dense rows).
+template <WFormat F, bool kBig>
+__device__ __forceinline__ void row_words(const RowChunk<F>& rc, const Mxfp4Factors& f, int run,
+                                          uint32_t (&w)[4]) {
   if constexpr (F == WFormat::kMxfp4) {
-    e2m1x8_to_bf16(component(rc.codes, run), rc.scale, w);
+    e2m1x8_to_bf16<kBig>(component(rc.codes, run), f, w);
   } else {
     uint4 v;
     if constexpr (F == WFormat::kBf16) {
@@ -271,14 +333,14 @@ struct ExpertGemmParams {
   float situ_beta, situ_linear_beta;
 };
 
-// Grid (M / 16, max_active), kSplitK warps. CTA (m, a) takes rows [16m, 16m + 16) of active expert a (or
-// exits when a >= num_active), and warp w the K chunks w, w + kSplitK, ... (split K, so a 16-row tile has
-// kSplitK warps of loads in flight). The expert's pairs go in chunks of kTiles·8 columns: each lane loads
+// Grid (M / 16, max_active), kSplit warps. CTA (m, a) takes rows [16m, 16m + 16) of active expert a (or
+// exits when a >= num_active), and warp w the K chunks w, w + kSplit, ... (split K, so a 16-row tile has
+// kSplit warps of loads in flight). The expert's pairs go in chunks of kTiles·8 columns: each lane loads
 // its weight runs once per K chunk and applies them to every 8-column tile of tokens (tiles past the
-// chunk's count are skipped). The kSplitK partial accumulators meet in shared memory and are summed in
+// chunk's count are skipped). The kSplit partial accumulators meet in shared memory and are summed in
 // warp order; the epilogue writes act(gate)·up as bf16 (kGateUp) or the fp32 down projection, one value
-// per (pair, row). Shared memory: the partials, kMats·kSplitK·kTiles·4·32 floats (16 KB at most).
-template <WFormat F, class XT, int kTiles, bool kGateUp>
+// per (pair, row). Shared memory: the partials, kMats·kSplit·kTiles·4·32 floats (16 KB at most).
+template <WFormat F, class XT, int kTiles, bool kGateUp, int kSplit = kSplitK>
 __device__ __forceinline__ void expert_gemm(const ExpertGemmParams& p) {
   pdl_wait();
   pdl_trigger();
@@ -288,7 +350,7 @@ __device__ __forceinline__ void expert_gemm(const ExpertGemmParams& p) {
   // (Measured on an H200: 2 BF16 chunks for gate/up and 4 for down, at 120-176 registers, made the batch-1
   // and batch-8 steps slower; the lost occupancy costs more than the deeper queue gains.)
   constexpr int kDepth = F == WFormat::kMxfp4 ? 2 : 1;
-  __shared__ float partial[kMats][kSplitK][kTiles * 4][32];
+  __shared__ float partial[kMats][kSplit][kTiles * 4][32];
   const int slot = blockIdx.y;
   if (slot >= *p.list.num_active) return;
   const int64_t expert = p.list.active_expert[slot];
@@ -333,40 +395,65 @@ __device__ __forceinline__ void expert_gemm(const ExpertGemmParams& p) {
     }
 
     // kDepth chunks of this warp are loaded before any is used (a chunk past the end loads nothing).
-    for (int64_t c0 = warp; c0 < chunks; c0 += kSplitK * kDepth) {
+    for (int64_t c0 = warp; c0 < chunks; c0 += kSplit * kDepth) {
       RowChunk<F> a[kDepth][kMats][2];
 #pragma unroll
       for (int d = 0; d < kDepth; ++d) {
 #pragma unroll
         for (int m = 0; m < kMats; ++m) {
-          load_row<F>(mats[m], scales[m], row0, p.cols, c0 + d * kSplitK, t, a[d][m][0]);
-          load_row<F>(mats[m], scales[m], row1, p.cols, c0 + d * kSplitK, t, a[d][m][1]);
+          load_row<F>(mats[m], scales[m], row0, p.cols, c0 + d * kSplit, t, a[d][m][0]);
+          load_row<F>(mats[m], scales[m], row1, p.cols, c0 + d * kSplit, t, a[d][m][1]);
         }
       }
 #pragma unroll
       for (int d = 0; d < kDepth; ++d) {
-        const int64_t c = c0 + d * kSplitK;
+        const int64_t c = c0 + d * kSplit;
         if (c >= chunks) break;  // uniform across the warp
-#pragma unroll
-        for (int r = 0; r < Chunk<F>::kRuns; ++r) {
-          const int64_t col = Chunk<F>::run_col(c, r, t);
-          uint32_t aw[kMats][2][4];
+        // MXFP4: each row's factors once per chunk, and one warp-wide choice of whether any row needs the
+        // second factor (scales above 2 are rare); a choice per run and row cost a branch each. Measured
+        // on an H200 (kernel_bench --moe, K3 shapes): 139.7 µs at batch 1 against 161.5, 801.6 against
+        // 941.7 at batch 8.
+        Mxfp4Factors fac[kMats][2] = {};
+        bool big = false;
+        if constexpr (F == WFormat::kMxfp4) {
 #pragma unroll
           for (int m = 0; m < kMats; ++m) {
-            row_words<F>(a[d][m][0], r, aw[m][0]);
-            row_words<F>(a[d][m][1], r, aw[m][1]);
-          }
 #pragma unroll
-          for (int nt = 0; nt < kTiles; ++nt) {
-            if (nt * 8 >= n) continue;  // uniform: the chunk's count is the same for the whole warp
-            uint32_t bw[4];
-            b_words<F, XT>(brow[nt], col, col < p.cols, bw);
-#pragma unroll
-            for (int m = 0; m < kMats; ++m) {
-              mma_bf16(acc[m][nt], aw[m][0][0], aw[m][1][0], aw[m][0][1], aw[m][1][1], bw[0], bw[1]);
-              mma_bf16(acc[m][nt], aw[m][0][2], aw[m][1][2], aw[m][0][3], aw[m][1][3], bw[2], bw[3]);
+            for (int r = 0; r < 2; ++r) {
+              fac[m][r] = mxfp4_factors(a[d][m][r].scale);
+              big |= a[d][m][r].scale > 128;
             }
           }
+          big = __any_sync(0xffffffffu, big);
+        }
+        auto multiply_chunk = [&](auto big_scales) {
+          constexpr bool kBig = decltype(big_scales)::value;
+#pragma unroll
+          for (int r = 0; r < Chunk<F>::kRuns; ++r) {
+            const int64_t col = Chunk<F>::run_col(c, r, t);
+            uint32_t aw[kMats][2][4];
+#pragma unroll
+            for (int m = 0; m < kMats; ++m) {
+              row_words<F, kBig>(a[d][m][0], fac[m][0], r, aw[m][0]);
+              row_words<F, kBig>(a[d][m][1], fac[m][1], r, aw[m][1]);
+            }
+#pragma unroll
+            for (int nt = 0; nt < kTiles; ++nt) {
+              if (nt * 8 >= n) continue;  // uniform: the chunk's count is the same for the whole warp
+              uint32_t bw[4];
+              b_words<F, XT>(brow[nt], col, col < p.cols, bw);
+#pragma unroll
+              for (int m = 0; m < kMats; ++m) {
+                mma_bf16(acc[m][nt], aw[m][0][0], aw[m][1][0], aw[m][0][1], aw[m][1][1], bw[0], bw[1]);
+                mma_bf16(acc[m][nt], aw[m][0][2], aw[m][1][2], aw[m][0][3], aw[m][1][3], bw[2], bw[3]);
+              }
+            }
+          }
+        };
+        if (big) {
+          multiply_chunk(std::true_type{});
+        } else {
+          multiply_chunk(std::false_type{});
         }
       }
     }
@@ -380,7 +467,7 @@ __device__ __forceinline__ void expert_gemm(const ExpertGemmParams& p) {
       }
     }
     __syncthreads();
-    for (int item = warp; item < kTiles * 4; item += kSplitK) {
+    for (int item = warp; item < kTiles * 4; item += kSplit) {
       const int col = (item >> 2) * 8 + 2 * t + (item & 1);  // C element i = item & 3 of tile item >> 2
       if (col >= n) continue;
       const int64_t row = static_cast<int64_t>(blockIdx.x) * 16 + g + ((item & 2) ? 8 : 0);
@@ -389,7 +476,7 @@ __device__ __forceinline__ void expert_gemm(const ExpertGemmParams& p) {
       for (int m = 0; m < kMats; ++m) {
         v[m] = partial[m][0][item][lane];
 #pragma unroll
-        for (int w = 1; w < kSplitK; ++w) v[m] += partial[m][w][item][lane];
+        for (int w = 1; w < kSplit; ++w) v[m] += partial[m][w][item][lane];
       }
       const int64_t pair = p.list.entries[begin + base + col];
       if constexpr (kGateUp) {
@@ -408,13 +495,31 @@ __global__ void __launch_bounds__(kSplitK * 32) expert_gemm_kernel(ExpertGemmPar
   expert_gemm<F, XT, kTiles, kGateUp>(p);
 }
 
-// BF16 weights at up to 8 tokens: at least 7 CTAs per SM (gate/up 64 registers, down 54, no spills).
-// Measured with ncu on an H200 at batch 8, with the same bound on an earlier form of this kernel: the down
-// GEMM took 70 µs per call against 78 µs without it. (A minimum block count on every variant changes the
-// others' register allocation too, and the larger tiles were slower with it.)
+// MXFP4 weights at up to 8 tokens: at least 5 CTAs per SM (gate/up 94 registers instead of 122, down 72;
+// no spills). The decode is latency-bound with few warps (ncu on an H200: 3.9 active warps per scheduler,
+// 41% of cycles with none eligible). Measured there (kernel_bench --moe, K3 shapes, one call): 137.0 µs
+// at batch 1 against 139.7 unbounded, 770.7 against 801.6 at batch 8. (6 CTAs: 137.0 / 768.4, but the
+// gate/up GEMM spills.)
 template <class XT, bool kGateUp>
-__global__ void __launch_bounds__(kSplitK * 32, 7) expert_gemm_bf16_one_tile_kernel(ExpertGemmParams p) {
-  expert_gemm<WFormat::kBf16, XT, 1, kGateUp>(p);
+__global__ void __launch_bounds__(kSplitK * 32, 5) expert_gemm_mxfp4_one_tile_kernel(ExpertGemmParams p) {
+  expert_gemm<WFormat::kMxfp4, XT, 1, kGateUp>(p);
+}
+
+// BF16 weights at up to 8 tokens. Down: 4 warps and at least 7 CTAs per SM (54 registers, no spills);
+// measured with ncu on an H200 at batch 8, with the same bound on an earlier form of this kernel, the down
+// GEMM took 70 µs per call against 78 µs without it. (A minimum block count on every variant changes the
+// others' register allocation too, and the larger tiles were slower with it.) Gate/up: 8 warps, at least 4
+// CTAs per SM (64 registers): at batch 1 the 8 experts' 512 CTAs are all an SM gets (about 4), and twice
+// the warps put twice the weight loads in flight. Measured on an H200 (kernel_bench --moe, one call):
+// the routed experts at batch 1 took 40.1 µs against 42.8 with 4 warps, at batch 8 211.6 against 211.9;
+// the 48B step at batch 1 2.865 and 2.872 ms against 2.969 and 2.942. (Also measured and dropped there:
+// 4 warps with 2 chunks in flight, 8 warps with 2, 16 warps with 1, 8 warps for the down GEMM: batch 1
+// 42.9 / 45.5 / 41.5 / 44.3 µs; and a per-warp cp.async ring of 2 to 6 stages in shared memory for every
+// format, whose best form took 39.9 µs at batch 1 but 222 at batch 8, and left MXFP4 at 40%.)
+template <class XT, bool kGateUp>
+__global__ void __launch_bounds__(kGateUp ? 256 : 128, kGateUp ? 4 : 7)
+    expert_gemm_bf16_one_tile_kernel(ExpertGemmParams p) {
+  expert_gemm<WFormat::kBf16, XT, 1, kGateUp, kGateUp ? 8 : 4>(p);
 }
 
 // Token tiles per CTA pass: the largest a batch of T tokens can need per expert (T pairs, unless a token
@@ -423,7 +528,9 @@ template <WFormat F, class XT, bool kGateUp>
 void launch_expert_gemm(const ExpertGemmParams& p, int64_t tokens, int64_t max_active, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.rows / 16), static_cast<unsigned>(max_active));
   if (tokens <= 8 && F == WFormat::kBf16) {
-    launch_pdl(expert_gemm_bf16_one_tile_kernel<XT, kGateUp>, grid, kSplitK * 32, 0, stream, p);
+    launch_pdl(expert_gemm_bf16_one_tile_kernel<XT, kGateUp>, grid, kGateUp ? 256 : 128, 0, stream, p);
+  } else if (tokens <= 8 && F == WFormat::kMxfp4) {
+    launch_pdl(expert_gemm_mxfp4_one_tile_kernel<XT, kGateUp>, grid, kSplitK * 32, 0, stream, p);
   } else if (tokens <= 8) {
     launch_pdl(expert_gemm_kernel<F, XT, 1, kGateUp>, grid, kSplitK * 32, 0, stream, p);
   } else if (tokens <= 16) {
@@ -582,8 +689,12 @@ Tensor moe_experts(CudaContext& ctx, const Tensor& x, const Tensor& idx, const T
   Tensor meta = ctx.empty({1 + 3 * max_active + pairs}, DType::kI32);
   int32_t* m = meta.data<int32_t>();
   const WorkList list{m, m + 1, m + 1 + max_active, m + 1 + 2 * max_active, m + 1 + 3 * max_active};
-  launch_pdl(build_work_list_kernel, 1, kListThreads, 0, ctx.stream(),
-             WorkListParams{idx.data<int32_t>(), pairs, expert_begin, static_cast<int>(local), list});
+  const WorkListParams lp{idx.data<int32_t>(), pairs, expert_begin, static_cast<int>(local), list};
+  if (pairs <= 32) {
+    launch_pdl(build_small_work_list_kernel, 1, 32, 0, ctx.stream(), lp);
+  } else {
+    launch_pdl(build_work_list_kernel, 1, kListThreads, 0, ctx.stream(), lp);
+  }
   HLM_CHECK_LAUNCH("build_work_list_kernel");
 
   Tensor h = ctx.empty({pairs, inter}, DType::kBF16);  // [T·k, I] act(gate)·up per pair

@@ -3,8 +3,11 @@
 // predecessor's tail instead of following it. Every kernel of a decode step is launched this way (the
 // prefill, sampling and random-fill kernels are plain launches) and opens with pdl_wait(); pdl_trigger();.
 // Rules for a kernel launched with launch_pdl():
-//  - before pdl_wait() it may only read memory no kernel of the step writes (weights), and write nothing;
-//    skinny_gemm.cu issues its first weight loads there;
+//  - before pdl_wait() it may only read memory that the kernel just before it on the stream does not
+//    write, and write nothing. Every kernel before that one has completed by then (that one waited for
+//    it before triggering, below), so this covers weights (skinny_gemm.cu issues its first weight loads
+//    there), host-written metadata, and a layer's own state that only its kernels of earlier steps write
+//    (kda_decode.cu loads its recurrent state there);
 //  - every thread calls pdl_wait() before it reads an activation or writes anything. pdl_wait() returns
 //    once the predecessor grid has completed and its writes are visible (and that grid waited for its own
 //    predecessor the same way), so everything earlier on the stream is done.
