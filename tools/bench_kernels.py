@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """helixlm's CUDA KDA and MLA kernels next to their peers, in one job on one GPU.
 
-Runs build/tests/bench/kernel_bench (ours) and, in this process, the peers at the same shapes and with the
+Runs build/tests/bench/kernel_bench (ours: also the small decode ops and the routed experts, which have no
+peer here) and, in this process, the peers at the same shapes and with the
 same timing method: fla's fused_recurrent_kda (decode) and chunk_kda (prefill) from fla-core, and a plain
 PyTorch absorbed MLA decode (FlashMLA is not installable on the GPU machine). Decode ops are captured
 `CALLS` times in one CUDA graph and the graph replayed; prefill runs eagerly. Inputs are random, drawn

@@ -237,11 +237,14 @@ __device__ __forceinline__ void load_row(const void* w, const uint8_t* scale, in
 
 // The bf16x2 factors that take one MXFP4 row's decoded codes (below) to value · 2^(s - 127) for its scale
 // byte s: f1 = 2^(s - 1), a normal bf16 for s <= 128 (scales up to 2); a larger scale takes f1 = 2^127 and
-// a second factor f2 = 2^(s - 128) (f2 = 1 otherwise).
+// a second factor f2 = 2^(s - 128) (f2 = 1 otherwise). !kBig: s <= 128 is known, f1 is one multiply-add
+// ((s + 126) << 7 in both halves) and f2 unused.
 struct Mxfp4Factors {
   uint32_t f1, f2;
 };
+template <bool kBig>
 __device__ __forceinline__ Mxfp4Factors mxfp4_factors(uint32_t s) {
+  if constexpr (!kBig) return {s * 0x00800080u + 0x3F003F00u, 0};
   const uint32_t e1 = s <= 128 ? s + 126 : 254u, e2 = s <= 128 ? 127u : s - 1;
   return {(e1 << 7) * 0x10001u, (e2 << 7) * 0x10001u};
 }
@@ -293,18 +296,21 @@ __device__ __forceinline__ void row_words(const RowChunk<F>& rc, const Mxfp4Fact
   }
 }
 
-// The B words of one run of a token row (zero for a padding column or a run outside K), in the column
-// order of the A words: natural pairs (0,1) (2,3) (4,5) (6,7) for dense weights, (0,4) (1,5) (2,6) (3,7)
-// for MXFP4.
+// The B words of one run of a token row, in the column order of the A words: natural pairs (0,1) (2,3)
+// (4,5) (6,7) for dense weights, (0,4) (1,5) (2,6) (3,7) for MXFP4. A padding column (no row) or a run
+// outside K: zeros for dense weights. MXFP4 (issue-bound) always has a row and reads its first columns
+// for a run outside K, where the A words are zero: the unguarded load saves a branch per run (the dense
+// one-tile kernels have no registers to spare for it).
 template <WFormat F, class XT>
 __device__ __forceinline__ void b_words(const XT* row, int64_t col, bool inside, uint32_t (&b)[4]) {
   uint4 v = make_uint4(0, 0, 0, 0);
-  if (row != nullptr && inside) {
+  if (F == WFormat::kMxfp4 || (row != nullptr && inside)) {
+    const XT* at = row + (F == WFormat::kMxfp4 && !inside ? 0 : col);
     if constexpr (sizeof(XT) == 2) {
-      v = __ldg(reinterpret_cast<const uint4*>(row + col));
+      v = __ldg(reinterpret_cast<const uint4*>(at));
     } else {
-      v = f32x8_to_bf16(__ldg(reinterpret_cast<const uint4*>(row + col)),
-                        __ldg(reinterpret_cast<const uint4*>(row + col + 4)));
+      v = f32x8_to_bf16(__ldg(reinterpret_cast<const uint4*>(at)),
+                        __ldg(reinterpret_cast<const uint4*>(at + 4)));
     }
   }
   if constexpr (F == WFormat::kMxfp4) {
@@ -374,14 +380,16 @@ __device__ __forceinline__ void expert_gemm(const ExpertGemmParams& p) {
 
   for (int base = 0; base < count; base += kCols) {
     const int n = min(count - base, kCols);
-    // The B row this lane feeds for column g of each tile: x of the pair's token, or h of the pair.
+    // The B row this lane feeds for column g of each tile: x of the pair's token, or h of the pair. A
+    // column past the count has none for dense weights, and the first pair's row for MXFP4 (b_words; its
+    // products land in C columns the epilogue skips).
     const XT* brow[kTiles];
 #pragma unroll
     for (int nt = 0; nt < kTiles; ++nt) {
       const int col = nt * 8 + g;
       brow[nt] = nullptr;
-      if (col < n) {
-        const int64_t pair = p.list.entries[begin + base + col];
+      if (col < n || F == WFormat::kMxfp4) {
+        const int64_t pair = p.list.entries[begin + base + (col < n ? col : 0)];
         const int64_t in_row = kGateUp ? pair / p.top_k : pair;
         brow[nt] = static_cast<const XT*>(p.in) + in_row * p.cols;
       }
@@ -413,21 +421,22 @@ __device__ __forceinline__ void expert_gemm(const ExpertGemmParams& p) {
         // second factor (scales above 2 are rare); a choice per run and row cost a branch each. Measured
         // on an H200 (kernel_bench --moe, K3 shapes): 139.7 µs at batch 1 against 161.5, 801.6 against
         // 941.7 at batch 8.
-        Mxfp4Factors fac[kMats][2] = {};
         bool big = false;
         if constexpr (F == WFormat::kMxfp4) {
 #pragma unroll
-          for (int m = 0; m < kMats; ++m) {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              fac[m][r] = mxfp4_factors(a[d][m][r].scale);
-              big |= a[d][m][r].scale > 128;
-            }
-          }
+          for (int m = 0; m < kMats; ++m) big |= a[d][m][0].scale > 128 || a[d][m][1].scale > 128;
           big = __any_sync(0xffffffffu, big);
         }
         auto multiply_chunk = [&](auto big_scales) {
           constexpr bool kBig = decltype(big_scales)::value;
+          Mxfp4Factors fac[kMats][2] = {};
+          if constexpr (F == WFormat::kMxfp4) {
+#pragma unroll
+            for (int m = 0; m < kMats; ++m) {
+              fac[m][0] = mxfp4_factors<kBig>(a[d][m][0].scale);
+              fac[m][1] = mxfp4_factors<kBig>(a[d][m][1].scale);
+            }
+          }
 #pragma unroll
           for (int r = 0; r < Chunk<F>::kRuns; ++r) {
             const int64_t col = Chunk<F>::run_col(c, r, t);
