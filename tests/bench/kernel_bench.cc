@@ -246,7 +246,6 @@ void mla_decode_case(Ops& ops, int64_t batch, int64_t heads, int64_t keys, doubl
 void moe_experts_case(Ops& ops, const char* model, int64_t local, int64_t hidden, int64_t inter,
                       int64_t top_k, bool mxfp4, int64_t tokens, double bw) {
   ExpertWeights ew;
-  double expert_bytes = 0.0;
   if (mxfp4) {
     const RandomFill codes{0.0f, 0.0f, 0, 255, 41}, scales{0.0f, 0.0f, 118, 126, 42};
     auto fill = [&](const Shape& shape, const RandomFill& f) {
@@ -260,12 +259,15 @@ void moe_experts_case(Ops& ops, const char* model, int64_t local, int64_t hidden
     ew.gate_scale = fill({local, inter, hidden / 32}, scales);
     ew.up_scale = fill({local, inter, hidden / 32}, scales);
     ew.down_scale = fill({local, hidden, inter / 32}, scales);
-    expert_bytes = 3.0 * static_cast<double>(inter * hidden) * (0.5 + 1.0 / 32);
   } else {
     ew.gate = random_tensor(ops, {local, inter, hidden}, DType::kBF16, 0.05f, 0.0f, 41);
     ew.up = random_tensor(ops, {local, inter, hidden}, DType::kBF16, 0.05f, 0.0f, 42);
     ew.down = random_tensor(ops, {local, hidden, inter}, DType::kBF16, 0.05f, 0.0f, 43);
-    expert_bytes = 3.0 * static_cast<double>(inter * hidden) * 2.0;
+  }
+  // One expert's bytes, as held: its share of every matrix (codes and scales for MXFP4).
+  double expert_bytes = 0.0;
+  for (const Tensor* t : {&ew.gate, &ew.up, &ew.down, &ew.gate_scale, &ew.up_scale, &ew.down_scale}) {
+    if (t->defined()) expert_bytes += static_cast<double>(t->nbytes()) / static_cast<double>(local);
   }
   Tensor x = random_tensor(ops, {tokens, hidden}, DType::kBF16, 1.0f, 0.0f, 44);
   Tensor weights = random_tensor(ops, {tokens, top_k}, DType::kF32, 0.1f, 0.1f, 45);
