@@ -48,26 +48,22 @@ void MlaLayer::allocate_cache(const LayerEnv& env, int64_t pages, int64_t tokens
 Tensor MlaLayer::project_queries(const LayerEnv& env, const Tensor& x, const Tensor& proj) {
   const ModelConfig& c = env.cfg;
   Ops& ops = env.ops;
-  const int64_t t = x.dim(0), nope = c.qk_nope_head_dim, qk = c.qk_head_dim();
+  const int64_t t = x.dim(0), qk = c.qk_head_dim();
   Tensor q = in_proj_.part(ops, x, proj, kQ);  // [T, H/tp·qk] (q-LoRA: [T, r])
   if (c.q_lora_rank != 0) q = ops.linear(ops.rms_norm(q, q_a_norm_, kLatentNormEps), q_b_);
-  q = q.reshape({t, tp_heads_, qk});                                  // [T, H/tp, nope + R]
-  Tensor q_abs = ops.head_matmul(ops.slice_last(q, 0, nope), w_uk_);  // [T, H/tp, L]
-  return ops.concat_last(q_abs, ops.slice_last(q, nope, qk));         // [T, H/tp, L + R]
+  return ops.mla_absorb_queries(q.reshape({t, tp_heads_, qk}), w_uk_);  // [T, H/tp, L + R]
 }
 
 Tensor MlaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext& ctx) {
   const ModelConfig& c = env.cfg;
   Ops& ops = env.ops;
-  const int64_t t = x.dim(0), lat = c.kv_lora_rank, dim = c.mla_cache_dim(), cp = env.mapping.cp;
+  const int64_t t = x.dim(0), lat = c.kv_lora_rank, cp = env.mapping.cp;
 
   const Tensor proj = in_proj_.forward(ops, x);  // up to 16 rows: [T, H/tp·qk (or r) + L + R (+ H/N·v)]
   // The new latent cache rows are written beside the query projections; attention reads them after the join.
   ops.begin_side();
-  Tensor ckv = in_proj_.part(ops, x, proj, kKvA);                                         // [T, L + R]
-  Tensor latent = ops.rms_norm(ops.slice_last(ckv, 0, lat), kv_a_norm_, kLatentNormEps);  // [T, L]
-  Tensor entry = ops.concat_last(latent, ops.slice_last(ckv, lat, dim));                  // [T, L + R]
-  ops.cache_write(entry, ctx.write_slots, cache_);
+  const Tensor ckv = in_proj_.part(ops, x, proj, kKvA);  // [T, L + R]
+  ops.mla_cache_write(ckv, lat, kv_a_norm_, kLatentNormEps, ctx.write_slots, cache_);
   ops.end_side();
   Tensor q = project_queries(env, x, proj);  // [T, H/tp, L + R]
   ops.join_side();

@@ -253,6 +253,16 @@ class Ops {
   // x [T, H, a], w [H, a, b] -> y[t, h] = x[t, h]·w[h]  [T, H, b]; with w_transposed, w [H, b, a] and
   // y[t, h] = x[t, h]·w[h]ᵀ.
   virtual Tensor head_matmul(const Tensor& x, const Tensor& w, bool w_transposed = false) = 0;
+  // MLA's absorbed queries: q [T, H, nope + R], w_uk [H, nope, L] -> [T, H, L + R], the nope columns times
+  // w_uk per head next to the rope columns as they are. Defined here as exactly those ops (the CPU
+  // reference); a device backend writes both parts from one kernel.
+  virtual Tensor mla_absorb_queries(const Tensor& q, const Tensor& w_uk) {
+    HLM_CHECK(q.rank() == 3 && w_uk.rank() == 3 && w_uk.dim(1) <= q.dim(2),
+              "mla_absorb_queries: q {} must be [T, H, nope + R] and w_uk {} [H, nope, L]", q.describe(),
+              w_uk.describe());
+    const int64_t nope = w_uk.dim(1);
+    return concat_last(head_matmul(slice_last(q, 0, nope), w_uk), slice_last(q, nope, q.dim(2)));
+  }
   // Columns [begin, end) of the last dimension. x [..., C] -> [..., end - begin]. The result may share
   // x's storage (a backend may return a view where the columns are contiguous): callers only read it.
   virtual Tensor slice_last(const Tensor& x, int64_t begin, int64_t end) = 0;
@@ -300,6 +310,16 @@ class Ops {
   // Writes rows of entries [T, D] into cache [pages, P, D] at flat slots [T] I64 (page·P + offset);
   // a negative slot skips the row (the token belongs to another rank).
   virtual void cache_write(const Tensor& entries, const Tensor& slots, Tensor& cache) = 0;
+  // An MLA layer's new cache rows from kv_a's output ckv [T, L + R]: rms_norm(ckv[:, :L], norm_w, eps) next
+  // to the rope columns ckv[:, L:] as they are, written at slots as cache_write does. Defined here as
+  // exactly those ops (the CPU reference); a device backend does it in one kernel.
+  virtual void mla_cache_write(const Tensor& ckv, int64_t latent, const Tensor& norm_w, float eps,
+                               const Tensor& slots, Tensor& cache) {
+    HLM_CHECK(ckv.rank() == 2 && latent >= 1 && latent <= ckv.dim(1),
+              "mla_cache_write: ckv {} must be [T, L + R] with L = {} >= 1", ckv.describe(), latent);
+    const Tensor normed = rms_norm(slice_last(ckv, 0, latent), norm_w, eps);  // [T, L]
+    cache_write(concat_last(normed, slice_last(ckv, latent, ckv.dim(1))), slots, cache);
+  }
   // Partial attention of queries q [T, H, D] over local latent keys (the cache rows, D = L + R) with
   // values = the first `v_dim` columns of the same rows. kv_len [T] I32 is the number of visible local
   // keys of each query (a prefix of its sequence's local keys, so causality is a length). Returns

@@ -184,6 +184,17 @@ void decode_small_op_cases(Ops& ops, double bw) {
     report("linear", {{"rows", 1}, {"out", rows}, {"in", cols}}, static_cast<double>(w.nbytes()),
            [&] { ops.linear(in, w); });
   }
+  // MLA's per-head products at 32 heads: W_UK absorption (x [1, 32, 128] BF16 · w [32, 128, 512]) and W_UV
+  // (the F32 attention output [1, 32, 512] · w [32, 128, 512]ᵀ).
+  Tensor w_uk = random_tensor(ops, {32, 128, 512}, DType::kBF16, 0.05f, 0.0f, 40);
+  Tensor q_nope = random_tensor(ops, {1, 32, 128}, DType::kBF16, 1.0f, 0.0f, 41);
+  report("head_matmul", {{"rows", 1}, {"heads", 32}, {"in", 128}, {"out", 512}},
+         static_cast<double>(w_uk.nbytes()), [&] { ops.head_matmul(q_nope, w_uk); });
+  Tensor context = random_tensor(ops, {1, 32, 512}, DType::kF32, 1.0f, 0.0f, 42);
+  report("head_matmul_transposed", {{"rows", 1}, {"heads", 32}, {"in", 512}, {"out", 128}},
+         static_cast<double>(w_uk.nbytes()), [&] {
+           ops.head_matmul(context, w_uk.reshape({32, 128, 512}), true);
+         });
   Tensor gate_up = random_tensor(ops, {1, 2048}, DType::kBF16, 2.0f, 0.0f, 38);
   report("glu_packed", {{"rows", 1}, {"dim", 1024}}, 2048 * 2.0 + 1024 * 2.0,
          [&] { ops.glu_packed(gate_up, ActivationParams{}); });

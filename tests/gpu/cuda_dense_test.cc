@@ -96,18 +96,68 @@ TEST_F(CudaDense, LinearGluMatchesCpu) {
   }
 }
 
+// Up to 16 tokens with BF16 weights the per-head products take the weight-streaming kernels
+// (skinny_gemm.cu: the skinny GEMM batched over heads for w [H, b, a], head_rows_kernel for w [H, a, b]
+// up to a = 128); beyond, cuBLASLt. Shapes: MLA's W_UK and W_UV at 32 heads, column counts off the
+// 128-column block and the 16-row tile, a past 128 (cuBLASLt for the plain form), 17 tokens; x as BF16
+// and as F32 (which the plain form reads as is and the others round to bf16).
 TEST_F(CudaDense, HeadMatmulBothOrientations) {
   HLM_GPU_OR_SKIP(gpu);
-  const int64_t t = 9, h = 4, a = 32, b = 48;
-  Tensor x = round_bf16(random_f32({t, h, a}, rng_));
-  Tensor w = round_bf16(random_f32({h, a, b}, rng_, -0.2f, 0.2f));
-  Tensor wt = round_bf16(random_f32({h, b, a}, rng_, -0.2f, 0.2f));
-  EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->head_matmul(to_gpu_bf16(*gpu, x), to_gpu_bf16(*gpu, w))),
-                   cpu_->head_matmul(x, w)),
-            kBf16Out);
-  EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->head_matmul(gpu->upload(x), to_gpu_bf16(*gpu, wt), true)),
-                   cpu_->head_matmul(x, wt, true)),
-            kBf16Out);
+  for (auto [t, h, a, b] :
+       {std::tuple{9, 4, 32, 48}, std::tuple{1, 32, 128, 512}, std::tuple{4, 32, 512, 128},
+        std::tuple{16, 3, 128, 200}, std::tuple{5, 2, 120, 24}, std::tuple{2, 2, 136, 16},
+        std::tuple{17, 4, 64, 40}}) {
+    const std::string what =
+        std::to_string(t) + "x" + std::to_string(h) + "x" + std::to_string(a) + "x" + std::to_string(b);
+    Tensor x = random_f32({t, h, a}, rng_);
+    Tensor xb = round_bf16(x);
+    Tensor w = round_bf16(random_f32({h, a, b}, rng_, -0.2f, 0.2f));
+    Tensor wt = round_bf16(random_f32({h, b, a}, rng_, -0.2f, 0.2f));
+    const Tensor wg = to_gpu_bf16(*gpu, w), wtg = to_gpu_bf16(*gpu, wt);
+    EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->head_matmul(gpu->upload(xb), wg)), cpu_->head_matmul(xb, w)),
+              kBf16Out)
+        << what;
+    EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->head_matmul(to_gpu_bf16(*gpu, x), wtg, true)),
+                     cpu_->head_matmul(xb, wt, true)),
+              kBf16Out)
+        << what << " transposed";
+    EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->head_matmul(gpu->upload(x), wg)), cpu_->head_matmul(x, w)),
+              kBf16Out)
+        << what << ", F32 x";
+    EXPECT_LE(
+        rel_l2(gpu->to_host_f32(gpu->head_matmul(gpu->upload(x), wtg, true)), cpu_->head_matmul(x, wt, true)),
+        kBf16Out)
+        << what << " transposed, F32 x";
+  }
+}
+
+// mla_absorb_queries: one head_rows_kernel launch writing the product and the copied rope columns (BF16 q up
+// to 16 tokens), else the ops of its definition (F32 q, 17 tokens); both against the CPU's definition.
+// Shapes: the 48B's 32 heads (nope 128 + rope 64, L 512), and small ones off the 128-column block.
+TEST_F(CudaDense, MlaAbsorbQueriesMatchesCpu) {
+  HLM_GPU_OR_SKIP(gpu);
+  for (auto [t, h, nope, rope, lat] : {std::tuple{1, 32, 128, 64, 512}, std::tuple{3, 4, 32, 8, 48},
+                                       std::tuple{16, 2, 128, 0, 136}, std::tuple{17, 2, 16, 8, 16}}) {
+    const std::string what = std::to_string(t) + "x" + std::to_string(h) + "x" + std::to_string(nope) + "+" +
+                             std::to_string(rope) + "->" + std::to_string(lat);
+    Tensor q = round_bf16(random_f32({t, h, nope + rope}, rng_));
+    Tensor w_uk = round_bf16(random_f32({h, nope, lat}, rng_, -0.2f, 0.2f));
+    const Tensor want = cpu_->mla_absorb_queries(q, w_uk);
+    const Tensor wg = to_gpu_bf16(*gpu, w_uk);
+    const Tensor got = gpu->to_host_f32(gpu->mla_absorb_queries(to_gpu_bf16(*gpu, q), wg));
+    EXPECT_EQ(got.shape(), want.shape()) << what;
+    EXPECT_LE(rel_l2(got, want), kBf16Out) << what;
+    // The rope columns are copied, not computed: exactly the input's.
+    for (int64_t r = 0; r < t * h; ++r) {
+      for (int64_t j = 0; j < rope; ++j) {
+        ASSERT_EQ(got.data<float>()[r * (lat + rope) + lat + j],
+                  q.data<float>()[r * (nope + rope) + nope + j])
+            << what << " row " << r << " rope column " << j;
+      }
+    }
+    EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->mla_absorb_queries(gpu->upload(q), wg)), want), kBf16Out)
+        << what << ", F32 q";
+  }
 }
 
 TEST_F(CudaDense, NormsAndElementwise) {

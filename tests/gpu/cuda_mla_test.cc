@@ -1,10 +1,10 @@
-// The CUDA MLA ops (cache_write, mla_attention, lse_combine) against the CPU reference on random inputs.
-// Inputs are rounded to bf16 for the CPU and uploaded as BF16 (the GPU cache is BF16), so both backends see
-// the same values. Batches mix prefill rows (causal kv_len), decode rows with long contexts (so split-KV
-// splits), rows with kv_len 0, rows outside every sequence and the padding entries of a decode graph
+// The CUDA MLA ops (cache_write, mla_cache_write, mla_attention, lse_combine) against the CPU reference on
+// random inputs. Inputs are rounded to bf16 for the CPU and uploaded as BF16 (the GPU cache is BF16), so both
+// backends see the same values. Batches mix prefill rows (causal kv_len), decode rows with long contexts (so
+// split-KV splits), rows with kv_len 0, rows outside every sequence and the padding entries of a decode graph
 // (token_count 0, num_pages 0, kv_len 0); pages are shuffled over a pool with unused pages, and every cache
-// position no query may read (unused pages, the tail of a sequence's last page) holds NaN, so a read past
-// a sequence's keys shows up as NaN.
+// position no query may read (unused pages, the tail of a sequence's last page) holds NaN, so a read past a
+// sequence's keys shows up as NaN.
 //
 // Tolerances of mla_attention:
 //  - stats: the logits are fp32 dot products of bf16 values (exact products, only the summation order
@@ -175,6 +175,41 @@ TEST_F(CudaMla, CacheWriteScattersRowsAndSkipsNegativeSlots) {
                Error);
   EXPECT_THROW(gpu->cache_write(gpu->upload(random_f32({rows, width + 8}, rng_)), gpu->upload(slots), cache),
                Error);
+}
+
+// mla_cache_write's one kernel (norm of the latent columns, rope columns copied, rows scattered, negative
+// slots skipped) against the CPU's definition (rms_norm, concat_last, cache_write), at the 48B's widths and a
+// fixture's, BF16 and F32 ckv: the normed columns within bf16 rounding, everything else exact.
+TEST_F(CudaMla, FusedCacheWriteMatchesItsDefinition) {
+  HLM_GPU_OR_SKIP(gpu);
+  for (auto [latent, rope] : {std::pair<int64_t, int64_t>{512, 64}, std::pair<int64_t, int64_t>{16, 8}}) {
+    const int64_t pages = 6, page = 4, width = latent + rope, rows = 9;
+    const Tensor cache0 = round_bf16(random_f32({pages, page, width}, rng_));
+    const Tensor ckv = round_bf16(random_f32({rows, width}, rng_, -3.0f, 3.0f));
+    const Tensor norm_w = round_bf16(random_f32({latent}, rng_, 0.5f, 1.5f));
+    Tensor slots = Tensor::empty({rows}, DType::kI64);
+    const int64_t slot_values[rows] = {0, 23, -1, 7, 5, -1, 12, 22, 1};
+    for (int64_t i = 0; i < rows; ++i) slots.data<int64_t>()[i] = slot_values[i];
+    Tensor want = cache0.clone();
+    cpu_->mla_cache_write(ckv, latent, norm_w, 1e-6f, slots, want);
+    for (bool bf16_ckv : {true, false}) {
+      const std::string what =
+          std::to_string(latent) + "+" + std::to_string(rope) + (bf16_ckv ? " BF16" : " F32");
+      Tensor cache = gpu->upload(as_bf16(cache0));
+      gpu->mla_cache_write(bf16_ckv ? gpu->upload(as_bf16(ckv)) : gpu->upload(ckv), latent,
+                           gpu->upload(as_bf16(norm_w)), 1e-6f, gpu->upload(slots), cache);
+      const Tensor got = gpu->to_host_f32(cache);
+      EXPECT_LE(rel_l2(got, want), kOutRelL2) << what;
+      for (int64_t s = 0; s < pages * page; ++s) {
+        const bool written = std::find(slot_values, slot_values + rows, s) != slot_values + rows;
+        for (int64_t d = written ? latent : 0; d < width; ++d) {
+          ASSERT_EQ(got.data<float>()[s * width + d], want.data<float>()[s * width + d])
+              << what << ": slot " << s << " column " << d
+              << (written ? " (rope, copied)" : " (not written)");
+        }
+      }
+    }
+  }
 }
 
 // The fixtures' widths (kv_lora 16 + rope 8, and 32 + 16), few heads (blocks of 32 rows span tokens), pages

@@ -57,6 +57,15 @@ void skinny_gemm(CudaContext& ctx, const Tensor& x, const Tensor& w, Tensor& y);
 // y [T, I] = glu of x · gate_upᵀ, gate_up [2I, K] stacking gate over up rows (Ops::linear_glu).
 void skinny_gemm_glu(CudaContext& ctx, const Tensor& x, const Tensor& gate_up, const ActivationParams& act,
                      Tensor& y);
+// The decode-size path of head_matmul (skinny_gemm.cu): whether it takes x [T, H, a] (T <= 16, BF16 or F32)
+// with a BF16 w [H, b, a] (w_transposed, a % 8 == 0) or [H, a, b] (a <= 128, b % 8 == 0), and the per-head
+// products into y [T, H, b] BF16.
+bool head_gemv_applies(const Tensor& x, const Tensor& w, bool w_transposed);
+void head_gemv(CudaContext& ctx, const Tensor& x, const Tensor& w, bool w_transposed, Tensor& y);
+// Ops::mla_absorb_queries in one launch of head_gemv's plain-form kernel where it applies (BF16 q, and
+// head_gemv's range for w_uk): the product and the copied rope columns written straight into [T, H, L + R].
+bool mla_absorb_queries_applies(const Tensor& q, const Tensor& w_uk);
+Tensor mla_absorb_queries(CudaContext& ctx, const Tensor& q, const Tensor& w_uk);
 // x [..., D] (BF16/F32), w [D] -> BF16: w · bf16(x · rsqrt(mean(x²) + eps)) (docs/MODEL.md §4).
 Tensor rms_norm(CudaContext& ctx, const Tensor& x, const Tensor& w, float eps);
 // h += a, then rms_norm(h, w, eps), in one kernel (Ops::add_rms_norm).
@@ -102,6 +111,9 @@ bool kda_decode_gated(CudaContext& ctx, const Tensor& q, const Tensor& k, const 
 // --- MLA (mla.cu) --------------------------------------------------------------------------------------
 // entries [T, D] (BF16/F32), slots [T] I64, cache [pages, P, D] BF16.
 void cache_write(CudaContext& ctx, const Tensor& entries, const Tensor& slots, Tensor& cache);
+// Ops::mla_cache_write in one kernel.
+void mla_cache_write(CudaContext& ctx, const Tensor& ckv, int64_t latent, const Tensor& norm_w, float eps,
+                     const Tensor& slots, Tensor& cache);
 // q [T, H, D] (BF16/F32), cache [pages, P, D] BF16 -> out [T, H, v_dim] F32, stats [T, H, 2] F32.
 void mla_attention(CudaContext& ctx, const Tensor& q, const Tensor& cache, const Tensor& page_table,
                    const MlaBatch& seqs, const Tensor& kv_len, float scale, int64_t v_dim, Tensor& out,

@@ -218,6 +218,10 @@ class CudaOps final : public Ops {
   Tensor head_matmul(const Tensor& x, const Tensor& w, bool w_transposed) override {
     return cuda::head_matmul(ctx_, x, w, w_transposed);
   }
+  Tensor mla_absorb_queries(const Tensor& q, const Tensor& w_uk) override {
+    return cuda::mla_absorb_queries_applies(q, w_uk) ? cuda::mla_absorb_queries(ctx_, q, w_uk)
+                                                     : Ops::mla_absorb_queries(q, w_uk);
+  }
   Tensor slice_last(const Tensor& x, int64_t begin, int64_t end) override {
     return cuda::slice_last(ctx_, x, begin, end);
   }
@@ -253,6 +257,10 @@ class CudaOps final : public Ops {
     return Ops::kda_decode_gated(q, k, v, graw, beta_logits, out_gate, hp, seqs, state);
   }
 
+  void mla_cache_write(const Tensor& ckv, int64_t latent, const Tensor& norm_w, float eps,
+                       const Tensor& slots, Tensor& cache) override {
+    cuda::mla_cache_write(ctx_, ckv, latent, norm_w, eps, slots, cache);
+  }
   void cache_write(const Tensor& entries, const Tensor& slots, Tensor& cache) override {
     cuda::cache_write(ctx_, entries, slots, cache);
   }

@@ -1,11 +1,11 @@
 // Dense GEMMs through cuBLASLt: `linear` (x·wᵀ, the projections and lm_head) and `head_matmul` (one small
-// GEMM per head, as a strided batch: MLA's W_UK absorption and W_UV). Decode-size linears (T <= 16 tokens,
-// BF16 weights) go to the weight-streaming kernel of skinny_gemm.cu instead. Row-major tensors are handed to
-// cuBLASLt as their column-major transposes, so y = x·wᵀ becomes yᵀ = w·xᵀ with w's buffer read
-// transposed. Inputs are converted to the weight's dtype (BF16, or F32 for an F32-stored weight), the
-// accumulation is fp32, and plans (layouts + the heuristic's algorithm) are cached per shape so a decode
-// step asks the heuristic nothing after its first run — which also keeps graph capture free of host work
-// that could differ between runs.
+// GEMM per head, as a strided batch: MLA's W_UK absorption and W_UV). Decode-size linears and per-head
+// products (T <= 16 tokens, BF16 weights) go to the weight-streaming kernels of skinny_gemm.cu instead.
+// Row-major tensors are handed to cuBLASLt as their column-major transposes, so y = x·wᵀ becomes yᵀ = w·xᵀ
+// with w's buffer read transposed. Inputs are converted to the weight's dtype (BF16, or F32 for an F32-stored
+// weight), the accumulation is fp32, and plans (layouts + the heuristic's algorithm) are cached per shape so
+// a decode step asks the heuristic nothing after its first run — which also keeps graph capture free of host
+// work that could differ between runs.
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -168,8 +168,12 @@ Tensor head_matmul(CudaContext& ctx, const Tensor& x, const Tensor& w, bool w_tr
   expect_dim(w, 0, x.dim(1), "head_matmul", "w", "the head count of x [T, H, a]");
   expect_dim(w, w_transposed ? 2 : 1, x.dim(2), "head_matmul", "w", "the last dimension of x [T, H, a]");
   const int64_t t = x.dim(0), heads = x.dim(1), a = x.dim(2), b = w_transposed ? w.dim(1) : w.dim(2);
-  const Tensor xa = as_operand(ctx, x, w.dtype());
   Tensor y = ctx.empty({t, heads, b}, w.dtype() == DType::kF32 ? DType::kF32 : DType::kBF16);  // [T, H, b]
+  if (head_gemv_applies(x, w, w_transposed)) {
+    head_gemv(ctx, x, w, w_transposed, y);
+    return y;
+  }
+  const Tensor xa = as_operand(ctx, x, w.dtype());
   // Per head h: yᵀ[b, T] (ld H·b) = w_hᵀ[b, a] · x_hᵀ[a, T] (ld H·a).
   GemmShape s;
   s.trans_a = w_transposed;

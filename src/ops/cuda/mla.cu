@@ -580,7 +580,91 @@ __global__ void cache_write_kernel(const CacheWriteParams p) {
   }
 }
 
+// Ops::mla_cache_write in one launch: one CTA per row; a row whose slot is outside the cache (another
+// rank's token, or past the end) is skipped whole. The RMSNorm is rms_norm's formula (sum of squares in
+// fp32, the normalized value rounded to bf16 before the weight multiply, the product rounded to bf16), the
+// rope columns are copied. It replaces the norm, the two copies of the concatenation and cache_write on the
+// side stream of an MLA layer, which at decode made that branch, not the query projection beside it, the
+// one the attention waited for.
+struct MlaCacheWriteParams {
+  const void* ckv;  // [T, L + R] BF16 or F32
+  const void* w;    // [L] BF16 or F32
+  const int64_t* slots;
+  bf16* cache;  // [pages·P, L + R]
+  int64_t rows, latent, width, capacity;
+  float eps;
+};
+
+constexpr int kCacheWriteThreads = 128;
+
+template <class XT, class WT>
+__global__ void __launch_bounds__(kCacheWriteThreads) mla_cache_write_kernel(const MlaCacheWriteParams p) {
+  pdl_wait();
+  pdl_trigger();
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const int64_t slot = p.slots[row];
+  if (slot < 0 || slot >= p.capacity) return;  // the whole CTA: one row
+  const XT* x = static_cast<const XT*>(p.ckv) + row * p.width;
+  const WT* w = static_cast<const WT*>(p.w);
+  float sum_sq = 0.0f;
+  for (int64_t d = threadIdx.x; d < p.latent; d += kCacheWriteThreads) {
+    const float v = to_float(x[d]);
+    sum_sq += v * v;
+  }
+  sum_sq = block_sum(sum_sq, scratch);
+  const float inv = rsqrtf(sum_sq / static_cast<float>(p.latent) + p.eps);
+  bf16* dst = p.cache + slot * p.width;
+  for (int64_t d = threadIdx.x; d < p.latent; d += kCacheWriteThreads) {
+    dst[d] =
+        __float2bfloat16_rn(to_float(w[d]) * __bfloat162float(__float2bfloat16_rn(to_float(x[d]) * inv)));
+  }
+  for (int64_t d = p.latent + threadIdx.x; d < p.width; d += kCacheWriteThreads) {
+    dst[d] = __float2bfloat16_rn(to_float(x[d]));
+  }
+}
+
 }  // namespace
+
+void mla_cache_write(CudaContext& ctx, const Tensor& ckv, int64_t latent, const Tensor& norm_w, float eps,
+                     const Tensor& slots, Tensor& cache) {
+  const char* op = "mla_cache_write";
+  expect_cuda(ckv, op, "ckv", {DType::kBF16, DType::kF32}, 2, "[T, L + R]");
+  expect_cuda(norm_w, op, "norm_w", {DType::kBF16, DType::kF32}, 1, "[L]");
+  expect_cuda(slots, op, "slots", {DType::kI64}, 1, "[T]");
+  expect_cuda(cache, op, "cache", {DType::kBF16}, 3, "[pages, P, L + R]");
+  HLM_CHECK(latent >= 1 && latent <= ckv.dim(1), "mla_cache_write: latent width {} outside [1, {}] of ckv {}",
+            latent, ckv.dim(1), ckv.describe());
+  expect_dim(norm_w, 0, latent, op, "norm_w [L]", "the latent width");
+  expect_dim(slots, 0, ckv.dim(0), op, "slots [T]", "the row count of ckv [T, L + R]");
+  expect_dim(cache, 2, ckv.dim(1), op, "cache [pages, P, L + R]", "the width of ckv [T, L + R]");
+  const MlaCacheWriteParams p{ckv.raw(),
+                              norm_w.raw(),
+                              slots.data<int64_t>(),
+                              static_cast<bf16*>(cache.raw()),
+                              ckv.dim(0),
+                              latent,
+                              ckv.dim(1),
+                              cache.dim(0) * cache.dim(1),
+                              eps};
+  if (p.rows == 0) return;
+  const auto rows = static_cast<unsigned>(p.rows);
+  switch ((ckv.dtype() == DType::kBF16 ? 2 : 0) + (norm_w.dtype() == DType::kBF16 ? 1 : 0)) {
+    case 3:
+      launch_pdl(mla_cache_write_kernel<bf16, bf16>, rows, kCacheWriteThreads, 0, ctx.stream(), p);
+      break;
+    case 2:
+      launch_pdl(mla_cache_write_kernel<bf16, float>, rows, kCacheWriteThreads, 0, ctx.stream(), p);
+      break;
+    case 1:
+      launch_pdl(mla_cache_write_kernel<float, bf16>, rows, kCacheWriteThreads, 0, ctx.stream(), p);
+      break;
+    default:
+      launch_pdl(mla_cache_write_kernel<float, float>, rows, kCacheWriteThreads, 0, ctx.stream(), p);
+      break;
+  }
+  HLM_CHECK_LAUNCH("mla_cache_write");
+}
 
 void cache_write(CudaContext& ctx, const Tensor& entries, const Tensor& slots, Tensor& cache) {
   const char* op = "cache_write";

@@ -45,7 +45,8 @@ struct RouterLogitsParams {
 // steps s, s + 4, ... of the hidden dimension (lane l: 8 columns at 8l of each step, one 16-byte load), so
 // even one token keeps enough expert rows streaming. Each lane keeps a partial sum per token; the warp
 // adds its lanes, and the four slices meet in shared memory, added in slice order. The token rows are
-// shared by the CTA's warps through L1.
+// shared by the CTA's warps through L1. (Measured on an H200 and dropped: the first four steps' weight
+// loads issued before pdl_wait(): the router took 6.89 µs against 6.57 in kernel_bench --small-ops.)
 template <class XT, class WT, int kTok>
 __global__ void __launch_bounds__(kLogitWarps * 32) router_logits_kernel(RouterLogitsParams p) {
   pdl_wait();

@@ -7,7 +7,9 @@
 //    write, and write nothing. Every kernel before that one has completed by then (that one waited for
 //    it before triggering, below), so this covers weights (skinny_gemm.cu issues its first weight loads
 //    there), host-written metadata, and a layer's own state that only its kernels of earlier steps write
-//    (kda_decode.cu loads its recurrent state there);
+//    (kda_decode.cu loads its recurrent state there). Such loads are not free: they compete with the
+//    predecessor's last loads, and they made the routed experts' down GEMM and the router logits slower
+//    on an H200 (moe_experts.cu, moe_route.cu), so each use is measured;
 //  - every thread calls pdl_wait() before it reads an activation or writes anything. pdl_wait() returns
 //    once the predecessor grid has completed and its writes are visible (and that grid waited for its own
 //    predecessor the same way), so everything earlier on the stream is done.

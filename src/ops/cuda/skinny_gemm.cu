@@ -13,6 +13,13 @@
 // two-buffer pipeline per warp; with either, every matrix size took longer per call and the decode step
 // was slower.
 //
+// Per-head GEMMs (head_matmul, MLA's W_UK absorption and W_UV at decode) go through the same kernels
+// instead of a cuBLASLt strided batch, which cannot start its weight loads before the kernel ahead of it
+// ends and needs an F32 activation converted by a kernel of its own first: the transposed form
+// (y_h = x_h · w_hᵀ, w [H, b, a]) is this GEMM with the head as grid.y and x, y rows strided over the
+// heads; the plain form (y_h = x_h · w_h, w [H, a, b], the reduction down w's rows) has its own kernel
+// below, head_rows_kernel.
+//
 // A GLU variant saves the GLU's launch for a weight stacking gate rows [0, I) over up rows [I, 2I): CTA b
 // takes gate rows [8b, 8b + 8) as A rows 0-7 and the same up rows as A rows 8-15, so each lane holds the
 // gate and up sums of its (token, row) pairs and writes act(gate)·up. (Measured and dropped: a pair of
@@ -38,10 +45,12 @@ constexpr int kMaxTokens = 16;  // two 8-column token tiles
 constexpr int64_t kCublasRows = 8192;
 
 struct SkinnyGemmParams {
-  const bf16* w;  // [M, K]
-  const void* x;  // [T, K] BF16 or F32
-  void* y;        // [T, M] BF16 or F32; GLU: [T, M/2]
+  const bf16* w;  // [M, K] (per grid.y batch: + w_batch)
+  const void* x;  // [T, K] BF16 or F32, rows x_ld apart (+ x_batch)
+  void* y;        // [T, M] BF16 or F32, rows y_ld apart (+ y_batch); GLU: [T, M/2]
   int64_t m, k;
+  int64_t x_ld, y_ld;
+  int64_t w_batch, x_batch, y_batch;  // element offsets of batch blockIdx.y (per-head GEMMs)
   int tokens;
   bool situ;  // GLU: the activation (silu or SiTU)
   float situ_beta, situ_linear_beta;
@@ -67,10 +76,17 @@ __device__ __forceinline__ void token_words(const XT* row, int64_t col, bool ins
   }
 }
 
-template <int kTiles, class XT, class YT, bool kGlu>
+// kBatched: the per-head form (grid.y batches, strided rows); the plain GEMMs compile without it, since
+// the batch offsets and strides in their address arithmetic made every decode-step GEMM slower (measured
+// on an H200 with bench --layer-split: 0.6 to 1.7 µs per call in the KDA and dense FFN sections).
+template <int kTiles, class XT, class YT, bool kGlu, bool kBatched>
 __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(SkinnyGemmParams p) {
   __shared__ float partial[kWarps][kTiles * 4][32];
   const int64_t tile = blockIdx.x;
+  const bf16* weights = kBatched ? p.w + blockIdx.y * p.w_batch : p.w;
+  const XT* x = static_cast<const XT*>(p.x) + (kBatched ? blockIdx.y * p.x_batch : 0);
+  YT* y = static_cast<YT*>(p.y) + (kBatched ? blockIdx.y * p.y_batch : 0);
+  const int64_t x_ld = kBatched ? p.x_ld : p.k, y_ld = kBatched ? p.y_ld : (kGlu ? p.m / 2 : p.m);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // A rows g and g + 8: 16 consecutive weight rows, or (GLU) gate row 8·tile + g and its up row.
   const int64_t half = p.m / 2, glu_row = tile * 8 + g;
@@ -90,7 +106,7 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(SkinnyGemmPara
 #pragma unroll
         for (int run = 0; run < 2; ++run) {
           const int64_t col = run_col(c, run, t);
-          a[d][r][run] = c < chunks && col < p.k && row_in[r] ? load_streaming(p.w + row[r] * p.k + col)
+          a[d][r][run] = c < chunks && col < p.k && row_in[r] ? load_streaming(weights + row[r] * p.k + col)
                                                               : make_uint4(0, 0, 0, 0);
         }
       }
@@ -104,7 +120,7 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(SkinnyGemmPara
 #pragma unroll
   for (int nt = 0; nt < kTiles; ++nt) {
     const int col = nt * 8 + g;
-    xrow[nt] = col < p.tokens ? static_cast<const XT*>(p.x) + col * p.k : nullptr;
+    xrow[nt] = col < p.tokens ? x + col * x_ld : nullptr;
   }
   float acc[kTiles][4];
 #pragma unroll
@@ -148,33 +164,35 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(SkinnyGemmPara
       float up = partial[0][item + 2][lane];  // the same token's up row (C element item & 3 + 2)
 #pragma unroll
       for (int w = 1; w < kWarps; ++w) up += partial[w][item + 2][lane];
-      static_cast<YT*>(p.y)[tok * half + glu_row] =
-          from_float<YT>(glu_value(v, up, p.situ, p.situ_beta, p.situ_linear_beta));
+      y[tok * y_ld + glu_row] = from_float<YT>(glu_value(v, up, p.situ, p.situ_beta, p.situ_linear_beta));
     } else {
-      static_cast<YT*>(p.y)[tok * p.m + row[r]] = from_float<YT>(v);
+      y[tok * y_ld + row[r]] = from_float<YT>(v);
     }
   }
 }
 
-template <int kTiles, class XT, bool kGlu>
-void launch_skinny_gemm_tiles(const SkinnyGemmParams& p, unsigned tiles, bool f32_out, cudaStream_t stream) {
-  if (f32_out) {
-    launch_pdl(skinny_gemm_kernel<kTiles, XT, float, kGlu>, tiles, kWarps * 32, 0, stream, p);
+template <int kTiles, class XT, bool kGlu, bool kBatched>
+void launch_skinny_gemm_tiles(const SkinnyGemmParams& p, dim3 tiles, bool f32_out, cudaStream_t stream) {
+  if constexpr (kBatched) {  // per-head products: BF16 out only
+    HLM_CHECK(!f32_out, "skinny_gemm: the per-head form writes BF16");
+    launch_pdl(skinny_gemm_kernel<kTiles, XT, bf16, kGlu, true>, tiles, kWarps * 32, 0, stream, p);
+  } else if (f32_out) {
+    launch_pdl(skinny_gemm_kernel<kTiles, XT, float, kGlu, false>, tiles, kWarps * 32, 0, stream, p);
   } else {
-    launch_pdl(skinny_gemm_kernel<kTiles, XT, bf16, kGlu>, tiles, kWarps * 32, 0, stream, p);
+    launch_pdl(skinny_gemm_kernel<kTiles, XT, bf16, kGlu, false>, tiles, kWarps * 32, 0, stream, p);
   }
   HLM_CHECK_LAUNCH("skinny_gemm_kernel");
 }
 
-template <bool kGlu>
-void launch_skinny_gemm(const SkinnyGemmParams& p, unsigned tiles, bool x_f32, bool f32_out,
+template <bool kGlu, bool kBatched = false>
+void launch_skinny_gemm(const SkinnyGemmParams& p, dim3 tiles, bool x_f32, bool f32_out,
                         cudaStream_t stream) {
   if (p.tokens <= 8) {
-    x_f32 ? launch_skinny_gemm_tiles<1, float, kGlu>(p, tiles, f32_out, stream)
-          : launch_skinny_gemm_tiles<1, bf16, kGlu>(p, tiles, f32_out, stream);
+    x_f32 ? launch_skinny_gemm_tiles<1, float, kGlu, kBatched>(p, tiles, f32_out, stream)
+          : launch_skinny_gemm_tiles<1, bf16, kGlu, kBatched>(p, tiles, f32_out, stream);
   } else {
-    x_f32 ? launch_skinny_gemm_tiles<2, float, kGlu>(p, tiles, f32_out, stream)
-          : launch_skinny_gemm_tiles<2, bf16, kGlu>(p, tiles, f32_out, stream);
+    x_f32 ? launch_skinny_gemm_tiles<2, float, kGlu, kBatched>(p, tiles, f32_out, stream)
+          : launch_skinny_gemm_tiles<2, bf16, kGlu, kBatched>(p, tiles, f32_out, stream);
   }
 }
 
@@ -185,8 +203,87 @@ SkinnyGemmParams skinny_params(const Tensor& x, const Tensor& w, Tensor& y) {
   p.y = y.raw();
   p.m = w.dim(0);
   p.k = w.dim(1);
+  p.x_ld = p.k;
+  p.y_ld = p.m;
   p.tokens = static_cast<int>(x.dim(0));
   return p;
+}
+
+// --- head_rows_kernel: y_h = x_h · w_h with w [H, a, b], for a <= 128 -------------------------------------
+// Grid (ceil(b / 128), H), 128 threads: thread (r, c) holds the 8 columns at 8c of the CTA's 128 for the
+// rows r, r + 8, ... of w_h (16 rows, one 16-byte load each, all issued before pdl_wait()), the head's
+// token rows go to shared memory as fp32, and per token each thread sums its rows' products into 8 fp32
+// columns, which the 8 row groups add in shared memory in group order (a fixed order). The weights are
+// read once whatever the token count; the products are fp32 on CUDA cores (at most 16 tokens x 8
+// columns x 16 rows per thread).
+constexpr int kHeadColThreads = 16;                                // 8 columns each: 128 per CTA
+constexpr int kHeadRowGroups = 8;                                  // threads down the rows
+constexpr int kHeadRowsPerThread = 16;                             // w_h rows in flight per thread
+constexpr int kHeadMaxRows = kHeadRowGroups * kHeadRowsPerThread;  // the largest a
+constexpr int kHeadThreads = kHeadColThreads * kHeadRowGroups;
+
+struct HeadRowsParams {
+  const bf16* w;  // [H, a, b]
+  const void* x;  // [T, H, x_ld] BF16 or F32: columns [0, a) multiply w, [a, a + tail) are copied
+  bf16* y;        // [T, H, y_ld]: columns [0, b) the product, [b, b + tail) the copy
+  int64_t heads, a, b, tail;
+  int64_t x_ld, y_ld;
+  int tokens;
+};
+
+template <class XT>
+__global__ void __launch_bounds__(kHeadThreads) head_rows_kernel(HeadRowsParams p) {
+  __shared__ float xs[kMaxTokens][kHeadMaxRows];                  // [T, a] of this head
+  __shared__ float partial[kHeadRowGroups][kHeadColThreads * 8];  // [row group, column]
+  const int64_t h = blockIdx.y;
+  const int c = threadIdx.x % kHeadColThreads, r = threadIdx.x / kHeadColThreads;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * (kHeadColThreads * 8) + c * 8;
+  const bf16* w = p.w + h * p.a * p.b;  // [a, b]
+  uint4 wr[kHeadRowsPerThread];
+#pragma unroll
+  for (int i = 0; i < kHeadRowsPerThread; ++i) {
+    const int64_t row = r + i * kHeadRowGroups;
+    wr[i] = col < p.b && row < p.a ? load_streaming(w + row * p.b + col) : make_uint4(0, 0, 0, 0);
+  }
+  pdl_wait();
+  pdl_trigger();
+  const XT* x = static_cast<const XT*>(p.x);
+  for (int64_t i = threadIdx.x; i < p.tokens * p.a; i += kHeadThreads) {
+    const int64_t t = i / p.a, k = i % p.a;
+    xs[t][k] = to_float(x[(t * p.heads + h) * p.x_ld + k]);
+  }
+  if (blockIdx.x == 0) {
+    for (int64_t i = threadIdx.x; i < p.tokens * p.tail; i += kHeadThreads) {
+      const int64_t t = i / p.tail, k = i % p.tail;
+      p.y[(t * p.heads + h) * p.y_ld + p.b + k] =
+          from_float<bf16>(to_float(x[(t * p.heads + h) * p.x_ld + p.a + k]));
+    }
+  }
+  __syncthreads();
+  for (int t = 0; t < p.tokens; ++t) {
+    float acc[8] = {};
+#pragma unroll
+    for (int i = 0; i < kHeadRowsPerThread; ++i) {
+      const int row = r + i * kHeadRowGroups;
+      if (row >= p.a) break;  // uniform over the thread's remaining rows
+      float wf[8];
+      bf16x8_to_f32(wr[i], wf);
+      const float xv = xs[t][row];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] = fmaf(xv, wf[j], acc[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) partial[r][c * 8 + j] = acc[j];
+    __syncthreads();
+    const int64_t out_col = static_cast<int64_t>(blockIdx.x) * (kHeadColThreads * 8) + threadIdx.x;
+    if (out_col < p.b) {
+      float v = 0.0f;
+#pragma unroll
+      for (int g = 0; g < kHeadRowGroups; ++g) v += partial[g][threadIdx.x];
+      p.y[(t * p.heads + h) * p.y_ld + out_col] = __float2bfloat16_rn(v);
+    }
+    __syncthreads();  // partial is rewritten for the next token
+  }
 }
 
 }  // namespace
@@ -202,8 +299,90 @@ void skinny_gemm(CudaContext& ctx, const Tensor& x, const Tensor& w, Tensor& y) 
   expect_dim(y, 0, x.dim(0), "skinny_gemm", "y [T, M]", "the token count of x");
   expect_dim(y, 1, w.dim(0), "skinny_gemm", "y [T, M]", "the row count of w");
   const SkinnyGemmParams p = skinny_params(x, w, y);
-  launch_skinny_gemm<false>(p, static_cast<unsigned>((w.dim(0) + 15) / 16), x.dtype() == DType::kF32,
+  launch_skinny_gemm<false>(p, dim3(static_cast<unsigned>((w.dim(0) + 15) / 16)), x.dtype() == DType::kF32,
                             y.dtype() == DType::kF32, ctx.stream());
+}
+
+namespace {
+
+// head_rows_kernel over x [T, H, c] (columns [0, a) times w [H, a, b], then `tail` copied) into y [T, H, b
+// + tail].
+void launch_head_rows(CudaContext& ctx, const Tensor& x, const Tensor& w, int64_t tail, Tensor& y) {
+  const int64_t heads = x.dim(1), a = w.dim(1), b = w.dim(2);
+  HLM_CHECK(a + tail <= x.dim(2) && y.dim(2) == b + tail,
+            "head_rows: x {} / w {} / y {} with {} copied columns", x.describe(), w.describe(), y.describe(),
+            tail);
+  HeadRowsParams p{};
+  p.w = static_cast<const bf16*>(w.raw());
+  p.x = x.raw();
+  p.y = static_cast<bf16*>(y.raw());
+  p.heads = heads;
+  p.a = a;
+  p.b = b;
+  p.tail = tail;
+  p.x_ld = x.dim(2);
+  p.y_ld = y.dim(2);
+  p.tokens = static_cast<int>(x.dim(0));
+  const dim3 grid(blocks_for(b, kHeadColThreads * 8), static_cast<unsigned>(heads));
+  if (x.dtype() == DType::kF32) {
+    launch_pdl(head_rows_kernel<float>, grid, kHeadThreads, 0, ctx.stream(), p);
+  } else {
+    launch_pdl(head_rows_kernel<bf16>, grid, kHeadThreads, 0, ctx.stream(), p);
+  }
+  HLM_CHECK_LAUNCH("head_rows_kernel");
+}
+
+}  // namespace
+
+bool head_gemv_applies(const Tensor& x, const Tensor& w, bool w_transposed) {
+  if (x.rank() != 3 || w.rank() != 3 || x.dim(0) < 1 || x.dim(0) > kMaxTokens || w.dtype() != DType::kBF16 ||
+      x.dim(1) > 65535 || !aligned16(x.raw()) || !aligned16(w.raw())) {
+    return false;
+  }
+  return w_transposed ? x.dim(2) % 8 == 0 : w.dim(1) <= kHeadMaxRows && w.dim(2) % 8 == 0;
+}
+
+void head_gemv(CudaContext& ctx, const Tensor& x, const Tensor& w, bool w_transposed, Tensor& y) {
+  HLM_CHECK(head_gemv_applies(x, w, w_transposed), "head_gemv: x {} / w {} outside its range", x.describe(),
+            w.describe());
+  const int64_t tokens = x.dim(0), heads = x.dim(1), a = x.dim(2), b = w_transposed ? w.dim(1) : w.dim(2);
+  expect_dim(w, 0, heads, "head_gemv", "w", "the head count of x [T, H, a]");
+  expect_dim(w, w_transposed ? 2 : 1, a, "head_gemv", "w", "the last dimension of x [T, H, a]");
+  expect_dim(y, 2, b, "head_gemv", "y [T, H, b]", "the output width of w");
+  if (w_transposed) {
+    SkinnyGemmParams p{};
+    p.w = static_cast<const bf16*>(w.raw());
+    p.x = x.raw();
+    p.y = y.raw();
+    p.m = b;
+    p.k = a;
+    p.x_ld = heads * a;
+    p.y_ld = heads * b;
+    p.w_batch = b * a;
+    p.x_batch = a;
+    p.y_batch = b;
+    p.tokens = static_cast<int>(tokens);
+    launch_skinny_gemm<false, true>(p,
+                                    dim3(static_cast<unsigned>((b + 15) / 16), static_cast<unsigned>(heads)),
+                                    x.dtype() == DType::kF32, y.dtype() == DType::kF32, ctx.stream());
+    return;
+  }
+  launch_head_rows(ctx, x, w, 0, y);
+}
+
+bool mla_absorb_queries_applies(const Tensor& q, const Tensor& w_uk) {
+  return q.dtype() == DType::kBF16 && q.rank() == 3 && w_uk.rank() == 3 && w_uk.dim(1) <= q.dim(2) &&
+         head_gemv_applies(q, w_uk, false);
+}
+
+Tensor mla_absorb_queries(CudaContext& ctx, const Tensor& q, const Tensor& w_uk) {
+  HLM_CHECK(mla_absorb_queries_applies(q, w_uk), "mla_absorb_queries: q {} / w_uk {} outside its range",
+            q.describe(), w_uk.describe());
+  expect_dim(w_uk, 0, q.dim(1), "mla_absorb_queries", "w_uk [H, nope, L]", "the head count of q [T, H, qk]");
+  const int64_t nope = w_uk.dim(1), rope = q.dim(2) - nope;
+  Tensor y = ctx.empty({q.dim(0), q.dim(1), w_uk.dim(2) + rope}, DType::kBF16);  // [T, H, L + R]
+  launch_head_rows(ctx, q, w_uk, rope, y);
+  return y;
 }
 
 void skinny_gemm_glu(CudaContext& ctx, const Tensor& x, const Tensor& gate_up, const ActivationParams& act,
@@ -216,8 +395,9 @@ void skinny_gemm_glu(CudaContext& ctx, const Tensor& x, const Tensor& gate_up, c
   p.situ = act.kind == Activation::kSitu;
   p.situ_beta = act.situ_beta;
   p.situ_linear_beta = act.situ_linear_beta;
-  launch_skinny_gemm<true>(p, static_cast<unsigned>((gate_up.dim(0) / 2 + 7) / 8), x.dtype() == DType::kF32,
-                           y.dtype() == DType::kF32, ctx.stream());
+  p.y_ld = gate_up.dim(0) / 2;
+  launch_skinny_gemm<true>(p, dim3(static_cast<unsigned>((gate_up.dim(0) / 2 + 7) / 8)),
+                           x.dtype() == DType::kF32, y.dtype() == DType::kF32, ctx.stream());
 }
 
 }  // namespace hlm::cuda
