@@ -129,16 +129,18 @@ __host__ __device__ int select_smem_floats(const RouterSelectParams& p) {
   return p.groups > 1 ? p.experts + 2 * p.groups : 0;
 }
 
-// (v, i) beats (w, j): larger value, ties to the lower index. An empty candidate is (-inf, INT_MAX).
-__device__ __forceinline__ bool beats(float v, int i, float w, int j) { return v > w || (v == w && i < j); }
-
-__device__ __forceinline__ void warp_argmax(float& v, int& i) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
-    if (beats(ov, oi, v, i)) v = ov, i = oi;
-  }
+// The index of the warp's best candidate (v, i): the largest value, ties to the lower index (an empty
+// candidate is (-inf, INT_MAX); v is never NaN, see ranked()). Two warp reductions (redux.sync): the max of
+// an order-preserving unsigned key of v, then the min index among the lanes holding it; -0 and +0 share a
+// key, as they compare equal. A butterfly of 5 shuffle pairs and compare-selects per round took longer:
+// the top-k rounds are a serial chain of these (moe_route at the 48B's batch-1 shape, kernel_bench
+// --small-ops on an H200: 6.21 against 6.57 µs).
+__device__ __forceinline__ int warp_argmax(float v, int i) {
+  const unsigned bits = __float_as_uint(v + 0.0f);  // -0 -> +0
+  const unsigned key = (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+  const unsigned best = __reduce_max_sync(0xffffffffu, key);
+  return static_cast<int>(__reduce_min_sync(
+      0xffffffffu, key == best ? static_cast<unsigned>(i) : static_cast<unsigned>(INT_MAX)));
 }
 
 // NaN never wins a comparison, so it is ranked as -inf; every round then has a real winner.
@@ -228,7 +230,7 @@ __device__ void select_token(const RouterSelectParams& p, int64_t t, int lane, c
       for (int g = lane; g < p.groups; g += 32) {
         if (!kept[g] && (bi == INT_MAX || group_score[g] > bv)) bv = group_score[g], bi = g;
       }
-      warp_argmax(bv, bi);
+      bi = warp_argmax(bv, bi);
       if (lane == 0) kept[bi] = 1;
       __syncwarp();
     }
@@ -248,7 +250,7 @@ __device__ void select_token(const RouterSelectParams& p, int64_t t, int lane, c
     for (int j = 0; j < kVpl; ++j) {  // ascending experts: a strict > keeps the lower index on ties
       if (((selectable >> j) & 1u) && (bi == INT_MAX || c[j] > bv)) bv = c[j], bi = j * 32 + lane;
     }
-    warp_argmax(bv, bi);
+    bi = warp_argmax(bv, bi);
     const int owner = bi & 31, slot = bi >> 5;
     float won = 0.0f;
 #pragma unroll
