@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kThreads) attn_res_kernel(AttnResParams p) {
     for (int c = 0; c < p.num; ++c) {
       float s = 0.0f, t = 0.0f;
       for (int w = 0; w < kThreads / 32; ++w) s += partial[2 * c][w], t += partial[2 * c + 1][w];
-      weight[c] = t * rsqrtf(s / static_cast<float>(p.dim) + p.eps);
+      weight[c] = t * rms_inv(s, p.dim, p.eps);
       m = fmaxf(m, weight[c]);
     }
     float sum = 0.0f;

@@ -58,6 +58,17 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// RMSNorm (docs/MODEL.md §4), one definition for its kernels: rms_inv is 1 / sqrt(mean(x²) + eps) from the
+// row's sum of squares, and rms_normed one output before its store: the normalized value rounded to bf16,
+// then times the weight.
+template <class Int>
+__device__ __forceinline__ float rms_inv(float sum_sq, Int dim, float eps) {
+  return rsqrtf(sum_sq / static_cast<float>(dim) + eps);
+}
+__device__ __forceinline__ float rms_normed(float x, float inv, float w) {
+  return w * __bfloat162float(__float2bfloat16_rn(x * inv));
+}
+
 // Sum over the block; every thread gets the result. `scratch` holds 32 floats; blockDim.x % 32 == 0.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;

@@ -140,16 +140,15 @@ __global__ void __launch_bounds__(2 * kThreads) rms_norm_kernel(RmsNormParams p)
     sum_sq += value * value;
   }
   sum_sq = block_sum(sum_sq, scratch);
-  const float inv = rsqrtf(sum_sq / static_cast<float>(dim) + p.eps);
+  const float inv = rms_inv(sum_sq, dim, p.eps);
 #pragma unroll
   for (int i = 0; i < kRmsCached; ++i) {
     const int d = threadIdx.x + i * stride;
-    if (d < dim) y[d] = __float2bfloat16_rn(wv[i] * __bfloat162float(__float2bfloat16_rn(v[i] * inv)));
+    if (d < dim) y[d] = __float2bfloat16_rn(rms_normed(v[i], inv, wv[i]));
   }
   for (int d = threadIdx.x + kRmsCached * stride; d < dim; d += stride) {
     // With an addend, x already holds this thread's stored sum.
-    const float n = __bfloat162float(__float2bfloat16_rn(to_float(x[d]) * inv));
-    y[d] = __float2bfloat16_rn(to_float(w[d]) * n);
+    y[d] = __float2bfloat16_rn(rms_normed(to_float(x[d]), inv, to_float(w[d])));
   }
 }
 
@@ -225,14 +224,14 @@ __global__ void __launch_bounds__(kThreads) rms_norm_vec_kernel(RmsNormParams p)
     }
   }
   sum_sq = block_sum(sum_sq, scratch);
-  const float inv = rsqrtf(sum_sq / static_cast<float>(p.dim) + p.eps);
+  const float inv = rms_inv(sum_sq, p.dim, p.eps);
 #pragma unroll
   for (int i = 0; i < kVecChunks; ++i) {
     const int c = threadIdx.x + i * kThreads;
     if (c < chunks) {
       float out[8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) out[j] = wv[i][j] * __bfloat162float(__float2bfloat16_rn(v[i][j] * inv));
+      for (int j = 0; j < 8; ++j) out[j] = rms_normed(v[i][j], inv, wv[i][j]);
       store8(y + 8 * c, out);
     }
   }

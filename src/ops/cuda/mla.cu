@@ -581,8 +581,7 @@ __global__ void cache_write_kernel(const CacheWriteParams p) {
 }
 
 // Ops::mla_cache_write in one launch: one CTA per row; a row whose slot is outside the cache (another
-// rank's token, or past the end) is skipped whole. The RMSNorm is rms_norm's formula (sum of squares in
-// fp32, the normalized value rounded to bf16 before the weight multiply, the product rounded to bf16), the
+// rank's token, or past the end) is skipped whole. The RMSNorm is rms_norm's (rms_inv, rms_normed), the
 // rope columns are copied. It replaces the norm, the two copies of the concatenation and cache_write on the
 // side stream of an MLA layer, which at decode made that branch, not the query projection beside it, the
 // one the attention waited for.
@@ -613,11 +612,10 @@ __global__ void __launch_bounds__(kCacheWriteThreads) mla_cache_write_kernel(con
     sum_sq += v * v;
   }
   sum_sq = block_sum(sum_sq, scratch);
-  const float inv = rsqrtf(sum_sq / static_cast<float>(p.latent) + p.eps);
+  const float inv = rms_inv(sum_sq, p.latent, p.eps);
   bf16* dst = p.cache + slot * p.width;
   for (int64_t d = threadIdx.x; d < p.latent; d += kCacheWriteThreads) {
-    dst[d] =
-        __float2bfloat16_rn(to_float(w[d]) * __bfloat162float(__float2bfloat16_rn(to_float(x[d]) * inv)));
+    dst[d] = __float2bfloat16_rn(rms_normed(to_float(x[d]), inv, to_float(w[d])));
   }
   for (int64_t d = p.latent + threadIdx.x; d < p.width; d += kCacheWriteThreads) {
     dst[d] = __float2bfloat16_rn(to_float(x[d]));

@@ -45,12 +45,13 @@ constexpr int kMaxTokens = 16;  // two 8-column token tiles
 constexpr int64_t kCublasRows = 8192;
 
 struct SkinnyGemmParams {
-  const bf16* w;  // [M, K] (per grid.y batch: + w_batch)
-  const void* x;  // [T, K] BF16 or F32, rows x_ld apart (+ x_batch)
-  void* y;        // [T, M] BF16 or F32, rows y_ld apart (+ y_batch); GLU: [T, M/2]
+  const bf16* w;  // [M, K]
+  const void* x;  // [T, K] BF16 or F32
+  void* y;        // [T, M] BF16 or F32; GLU: [T, M/2]
   int64_t m, k;
+  // The per-head form only (kBatched): row strides of x and y, and the element offsets of batch blockIdx.y.
   int64_t x_ld, y_ld;
-  int64_t w_batch, x_batch, y_batch;  // element offsets of batch blockIdx.y (per-head GEMMs)
+  int64_t w_batch, x_batch, y_batch;
   int tokens;
   bool situ;  // GLU: the activation (silu or SiTU)
   float situ_beta, situ_linear_beta;
@@ -203,8 +204,6 @@ SkinnyGemmParams skinny_params(const Tensor& x, const Tensor& w, Tensor& y) {
   p.y = y.raw();
   p.m = w.dim(0);
   p.k = w.dim(1);
-  p.x_ld = p.k;
-  p.y_ld = p.m;
   p.tokens = static_cast<int>(x.dim(0));
   return p;
 }
@@ -371,8 +370,7 @@ void head_gemv(CudaContext& ctx, const Tensor& x, const Tensor& w, bool w_transp
 }
 
 bool mla_absorb_queries_applies(const Tensor& q, const Tensor& w_uk) {
-  return q.dtype() == DType::kBF16 && q.rank() == 3 && w_uk.rank() == 3 && w_uk.dim(1) <= q.dim(2) &&
-         head_gemv_applies(q, w_uk, false);
+  return q.dtype() == DType::kBF16 && head_gemv_applies(q, w_uk, false) && w_uk.dim(1) <= q.dim(2);
 }
 
 Tensor mla_absorb_queries(CudaContext& ctx, const Tensor& q, const Tensor& w_uk) {
@@ -395,7 +393,6 @@ void skinny_gemm_glu(CudaContext& ctx, const Tensor& x, const Tensor& gate_up, c
   p.situ = act.kind == Activation::kSitu;
   p.situ_beta = act.situ_beta;
   p.situ_linear_beta = act.situ_linear_beta;
-  p.y_ld = gate_up.dim(0) / 2;
   launch_skinny_gemm<true>(p, dim3(static_cast<unsigned>((gate_up.dim(0) / 2 + 7) / 8)),
                            x.dtype() == DType::kF32, y.dtype() == DType::kF32, ctx.stream());
 }
