@@ -39,6 +39,8 @@ class FusedProjection {
   // Parts [first, last] together [T, Σ rows], which must be stacked and consecutive.
   Tensor parts(Ops& ops, const Tensor& x, const Tensor& out, size_t first, size_t last) const;
   int64_t rows(size_t i) const { return ranges_.at(i).end - ranges_.at(i).begin; }
+  // Part i's first column in forward's output, or -1 where the part has a GEMM of its own.
+  int64_t column(size_t i) const { return ranges_.at(i).own.defined() ? -1 : ranges_.at(i).begin; }
 
  private:
   struct Range {

@@ -84,30 +84,36 @@ Tensor KdaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext
   const int64_t t = x.dim(0), hl = heads_, hd = head_dim_, dl = hl * hd;
 
   const Tensor proj = in_proj_.forward(ops, x);  // up to 16 rows: [T, 3·Dl + K + (K or Dl) + Hl]
-  // The gates' low-rank second halves run beside the short conv.
-  ops.begin_side();
-  Tensor graw = ops.linear(in_proj_.part(ops, x, proj, kFa), f_b_);  // [T, Dl]
-  Tensor beta_logits = in_proj_.part(ops, x, proj, kBeta);           // [T, Hl]
-  Tensor gate = in_proj_.part(ops, x, proj, kGateA);                 // [T, K] (g_a) or [T, Dl] (g_proj)
-  if (g_b_.defined()) gate = ops.linear(gate, g_b_);
-  gate = gate.reshape({t, hl, hd});  // [T, Hl, V]
-  ops.end_side();
-
-  Tensor qkv = in_proj_.parts(ops, x, proj, kQ, kV);           // [T, 3·Dl]
-  qkv = ops.short_conv(qkv, conv_, ctx.seqs, conv_state_);     // [T, 3·Dl] after silu
-  Tensor q = ops.slice_last(qkv, 0, dl).reshape({t, hl, hd});  // [T, Hl, K]
-  Tensor k = ops.slice_last(qkv, dl, 2 * dl).reshape({t, hl, hd});
-  Tensor v = ops.slice_last(qkv, 2 * dl, 3 * dl).reshape({t, hl, hd});
-  ops.join_side();
-
-  Tensor y;  // [T, Hl, V]
-  if (ctx.decode_only) {
-    y = ops.kda_decode_gated(q, k, v, graw, beta_logits, gate, head_, ctx.seqs, recurrent_state_);
+  Tensor y;                                      // [T, Hl, V]
+  const KdaProjColumns cols{in_proj_.column(kQ), in_proj_.column(kFa), in_proj_.column(kGateA),
+                            in_proj_.column(kBeta)};
+  if (ctx.decode_only && proj.defined() && cols.fa >= 0 && cols.gate >= 0 && cols.beta >= 0) {
+    y = ops.kda_decode_layer(proj, cols, conv_, f_b_, g_b_, head_, ctx.seqs, conv_state_, recurrent_state_);
   } else {
-    Tensor g =
-        ops.kda_gate(graw, head_.a_log, head_.dt_bias, head_.lower_bound).reshape({t, hl, hd});  // [T, Hl, K]
-    Tensor o = ops.kda_prefill(q, k, v, g, ops.sigmoid(beta_logits), ctx.seqs, recurrent_state_);
-    y = ops.gated_rms_norm(o, gate, head_.o_norm, head_.eps);
+    // The gates' low-rank second halves run beside the short conv.
+    ops.begin_side();
+    Tensor graw = ops.linear(in_proj_.part(ops, x, proj, kFa), f_b_);  // [T, Dl]
+    Tensor beta_logits = in_proj_.part(ops, x, proj, kBeta);           // [T, Hl]
+    Tensor gate = in_proj_.part(ops, x, proj, kGateA);                 // [T, K] (g_a) or [T, Dl] (g_proj)
+    if (g_b_.defined()) gate = ops.linear(gate, g_b_);
+    gate = gate.reshape({t, hl, hd});  // [T, Hl, V]
+    ops.end_side();
+
+    Tensor qkv = in_proj_.parts(ops, x, proj, kQ, kV);           // [T, 3·Dl]
+    qkv = ops.short_conv(qkv, conv_, ctx.seqs, conv_state_);     // [T, 3·Dl] after silu
+    Tensor q = ops.slice_last(qkv, 0, dl).reshape({t, hl, hd});  // [T, Hl, K]
+    Tensor k = ops.slice_last(qkv, dl, 2 * dl).reshape({t, hl, hd});
+    Tensor v = ops.slice_last(qkv, 2 * dl, 3 * dl).reshape({t, hl, hd});
+    ops.join_side();
+
+    if (ctx.decode_only) {
+      y = ops.kda_decode_gated(q, k, v, graw, beta_logits, gate, head_, ctx.seqs, recurrent_state_);
+    } else {
+      Tensor g = ops.kda_gate(graw, head_.a_log, head_.dt_bias, head_.lower_bound)
+                     .reshape({t, hl, hd});  // [T, Hl, K]
+      Tensor o = ops.kda_prefill(q, k, v, g, ops.sigmoid(beta_logits), ctx.seqs, recurrent_state_);
+      y = ops.gated_rms_norm(o, gate, head_.o_norm, head_.eps);
+    }
   }
   Tensor out = ops.linear(y.reshape({t, dl}), o_proj_);  // [T, hidden], this rank's partial sum
   env.comm.all_reduce_sum(out, CommGroup::kWorld);

@@ -22,4 +22,59 @@ void check_router_params(const RouterParams& p, int64_t experts, const char* op)
             p.topk_group * per_group, p.topk_group, per_group);
 }
 
+void check_kda_decode_layer(const Tensor& proj, const KdaProjColumns& cols, const Tensor& conv_w,
+                            const Tensor& f_b, const Tensor& g_b, const Tensor& conv_state,
+                            const Tensor& state, const char* op) {
+  HLM_CHECK(state.rank() == 4, "{}: state {} must be [slots, H, K, V]", op, state.describe());
+  const int64_t heads = state.dim(1), kd = state.dim(2), vd = state.dim(3);
+  HLM_CHECK(kd == vd, "{}: state {} must have K = V (q, k and v share the conv's head layout)", op,
+            state.describe());
+  HLM_CHECK(proj.rank() == 2, "{}: proj {} must be [T, P]", op, proj.describe());
+  HLM_CHECK(f_b.rank() == 2 && f_b.dim(0) == heads * kd,
+            "{}: f_b {} must be [H·K, r] with H·K = {} (the state's heads and key dimension)", op,
+            f_b.describe(), heads * kd);
+  HLM_CHECK(!g_b.defined() || (g_b.rank() == 2 && g_b.dim(0) == heads * vd),
+            "{}: g_b {} must be [H·V, r] with H·V = {} (the state's heads and value dimension)", op,
+            g_b.describe(), heads * vd);
+  HLM_CHECK(conv_w.rank() == 2 && conv_w.dim(0) == 3 * heads * kd && conv_w.dim(1) >= 1,
+            "{}: conv_w {} must be [3·H·K, W] with 3·H·K = {}", op, conv_w.describe(), 3 * heads * kd);
+  HLM_CHECK(conv_state.rank() == 3 && conv_state.dim(0) == state.dim(0) &&
+                conv_state.dim(1) == conv_w.dim(0) && conv_state.dim(2) == conv_w.dim(1) - 1,
+            "{}: conv_state {} must be [slots, 3·H·K, W-1] = [{}, {}, {}]", op, conv_state.describe(),
+            state.dim(0), conv_w.dim(0), conv_w.dim(1) - 1);
+  const int64_t width = proj.dim(1);
+  const struct {
+    const char* part;
+    int64_t begin, count;
+  } parts[] = {{"q|k|v", cols.qkv, 3 * heads * kd},
+               {"f_a", cols.fa, f_b.dim(1)},
+               {"gate", cols.gate, g_b.defined() ? g_b.dim(1) : heads * vd},
+               {"beta", cols.beta, heads}};
+  for (const auto& part : parts) {
+    HLM_CHECK(part.begin >= 0 && part.begin + part.count <= width,
+              "{}: the {} columns [{}, {}) are outside proj {}", op, part.part, part.begin,
+              part.begin + part.count, proj.describe());
+  }
+}
+
+Tensor Ops::kda_decode_layer(const Tensor& proj, const KdaProjColumns& cols, const Tensor& conv_w,
+                             const Tensor& f_b, const Tensor& g_b, const KdaHeadParams& hp,
+                             const SeqBatch& seqs, Tensor& conv_state, Tensor& state) {
+  check_kda_decode_layer(proj, cols, conv_w, f_b, g_b, conv_state, state, "kda_decode_layer");
+  const int64_t t = proj.dim(0), hl = state.dim(1), hd = state.dim(2), dl = hl * hd;
+  begin_side();
+  const Tensor graw = linear(slice_last(proj, cols.fa, cols.fa + f_b.dim(1)), f_b);  // [T, H·K]
+  const Tensor beta_logits = slice_last(proj, cols.beta, cols.beta + hl);            // [T, H]
+  Tensor gate = slice_last(proj, cols.gate, cols.gate + (g_b.defined() ? g_b.dim(1) : dl));
+  if (g_b.defined()) gate = linear(gate, g_b);
+  gate = gate.reshape({t, hl, hd});  // [T, H, V]
+  end_side();
+  const Tensor qkv = short_conv(slice_last(proj, cols.qkv, cols.qkv + 3 * dl), conv_w, seqs, conv_state);
+  const Tensor q = slice_last(qkv, 0, dl).reshape({t, hl, hd});  // [T, H, K] after the conv's silu
+  const Tensor k = slice_last(qkv, dl, 2 * dl).reshape({t, hl, hd});
+  const Tensor v = slice_last(qkv, 2 * dl, 3 * dl).reshape({t, hl, hd});
+  join_side();
+  return kda_decode_gated(q, k, v, graw, beta_logits, gate, hp, seqs, state);
+}
+
 }  // namespace hlm

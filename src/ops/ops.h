@@ -135,6 +135,20 @@ struct KdaHeadParams {
   float eps = 1e-6f;
 };
 
+// Where a KDA layer's inputs start in its stacked input projection [T, P] (columns): q|k|v [3·H·K] as one
+// block, f_a's output [r], the output gate's input (g_a's [r], or the full-rank g_proj's [H·V]) and the
+// beta logits [H].
+struct KdaProjColumns {
+  int64_t qkv = 0, fa = 0, gate = 0, beta = 0;
+};
+
+// The shapes kda_decode_layer (Ops below) needs, the same for every backend: proj [T, P] with every part's
+// columns inside P, state [slots, H, K, V], conv_w [3·H·K, W], conv_state [slots, 3·H·K, W-1], f_b
+// [H·K, r] and g_b [H·V, r'] (or undefined). Throws naming `op` and the tensor.
+void check_kda_decode_layer(const Tensor& proj, const KdaProjColumns& cols, const Tensor& conv_w,
+                            const Tensor& f_b, const Tensor& g_b, const Tensor& conv_state,
+                            const Tensor& state, const char* op);
+
 struct ActivationParams {
   Activation kind = Activation::kSilu;
   float situ_beta = 4.0f;          // SiTU only
@@ -305,6 +319,16 @@ class Ops {
     const Tensor beta = sigmoid(beta_logits);                                                  // [T, H]
     return gated_rms_norm(kda_decode(q, k, v, g, beta, seqs, state), out_gate, hp.o_norm, hp.eps);
   }
+
+  // A KDA layer's whole decode step from its stacked input projection proj [T, P] (columns `cols`) to the
+  // normed output [T, H, V]: graw = f_a's columns · f_bᵀ, the output gate = g_a's columns · g_bᵀ (g_b
+  // undefined: the gate columns as they are), the short conv of the q|k|v columns with conv_w [3·H·K, W]
+  // and conv_state, then kda_decode_gated. f_b [H·K, r], g_b [H·V, r]; H, K, V from state. Defined in
+  // ops.cc as exactly those ops, the gates' products on the side stream beside the conv (the CPU
+  // reference); a device backend runs it as one kernel, whose intermediates then stay fp32.
+  virtual Tensor kda_decode_layer(const Tensor& proj, const KdaProjColumns& cols, const Tensor& conv_w,
+                                  const Tensor& f_b, const Tensor& g_b, const KdaHeadParams& hp,
+                                  const SeqBatch& seqs, Tensor& conv_state, Tensor& state);
 
   // --- MLA --------------------------------------------------------------------------------------------
   // Writes rows of entries [T, D] into cache [pages, P, D] at flat slots [T] I64 (page·P + offset);

@@ -4,7 +4,7 @@
 // in one CUDA graph and the graph replayed (time per call, so launch gaps count as they do inside a decode
 // step); a prefill op runs eagerly. Inputs are random values generated on the GPU. Prints one JSON object per
 // case: the op, the shape, the median time and the bytes the op must move over the copy bandwidth measured in
-// the same process. --small-ops, --mla and --moe run one group of cases alone.
+// the same process. --small-ops, --mla, --moe and --kda-decode run one group of cases alone.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -13,6 +13,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -149,6 +150,32 @@ void kda_decode_cases(Ops& ops, int64_t batch, double bw) {
          [&] { ops.kda_decode_gated(q, k, v, graw, beta_logits, out_gate, hp, seqs, state()); });
   report("kda_decode_separate_ops",
          [&] { ops.Ops::kda_decode_gated(q, k, v, graw, beta_logits, out_gate, hp, seqs, state()); });
+
+  // The whole layer step from the stacked input projection (Kimi-Linear's column order: q|k|v, f_a, g_a,
+  // beta): kda_decode_layer's one kernel against Ops::kda_decode_layer's ops (the conv, f_b and g_b on the
+  // side stream, then kda_decode_gated). Its bytes add the gate weights f_b and g_b [H·K, K].
+  constexpr int64_t kRank = kDim, kConvWidth = 4, kDl = kHeads * kDim;
+  const KdaProjColumns cols{0, 3 * kDl, 3 * kDl + kRank, 3 * kDl + 2 * kRank};
+  Tensor proj = random_tensor(ops, {batch, cols.beta + kHeads}, DType::kBF16, 1.0f, 0.0f, 11);
+  Tensor conv_w = random_tensor(ops, {3 * kDl, kConvWidth}, DType::kBF16, 0.5f, 0.0f, 12);
+  Tensor f_b = random_tensor(ops, {kDl, kRank}, DType::kBF16, 0.1f, 0.0f, 13);
+  Tensor g_b = random_tensor(ops, {kDl, kRank}, DType::kBF16, 0.1f, 0.0f, 14);
+  Tensor conv_states[2] = {
+      random_tensor(ops, {batch, 3 * kDl, kConvWidth - 1}, DType::kBF16, 1.0f, 0.0f, 17),
+      random_tensor(ops, {batch, 3 * kDl, kConvWidth - 1}, DType::kBF16, 1.0f, 0.0f, 18)};
+  const double layer_bytes = bytes + static_cast<double>(f_b.nbytes() + g_b.nbytes());
+  auto report_layer = [&](const char* name, bool fused) {
+    nlohmann::json j = shape;
+    j["op"] = name;
+    const double t = graph_seconds_per_call(ops, [&] {
+      const size_t i = call++ % 2;
+      fused ? ops.kda_decode_layer(proj, cols, conv_w, f_b, g_b, hp, seqs, conv_states[i], states[i])
+            : ops.Ops::kda_decode_layer(proj, cols, conv_w, f_b, g_b, hp, seqs, conv_states[i], states[i]);
+    });
+    print(j, t, layer_bytes, bw);
+  };
+  report_layer("kda_decode_layer", true);
+  report_layer("kda_decode_layer_separate_ops", false);
 }
 
 // The small ops of a batch-1 decode step of Kimi-Linear-48B (hidden 2304, 256 experts, top 8) one at a
@@ -314,35 +341,38 @@ void moe_experts_case(Ops& ops, const char* model, int64_t local, int64_t hidden
         t, touched * expert_bytes, bw);
 }
 
-// small_ops_only: the small decode ops alone, in 1 GB of device memory (so that a profiler replaying
-// their kernels has little memory to save and restore). mla_only: the MLA decode cases alone. moe_only:
-// the routed-expert cases alone.
-int run(bool small_ops_only, bool mla_only, bool moe_only) {
+// Which cases a run takes: all of them, or one group (kSmallOps in 1 GB of device memory, so that a
+// profiler replaying their kernels has little memory to save and restore).
+enum class Cases { kAll, kSmallOps, kMla, kMoe, kKdaDecode };
+
+int run(Cases cases) {
   std::string why;
   if (cuda_device_count(&why) == 0) {
     std::cerr << "kernel_bench: no GPU: " << why << "\n";
     return 1;
   }
+  const bool all = cases == Cases::kAll, small_ops_only = cases == Cases::kSmallOps;
   std::unique_ptr<Ops> ops = make_ops(Device::kCuda, BackendOptions{});
   ops->reserve_workspace(small_ops_only ? int64_t{256} << 20 : int64_t{32} << 30);
   const double bw = copy_bandwidth(*ops, small_ops_only ? int64_t{256} << 20 : int64_t{2} << 30);
   std::cout << nlohmann::json{{"op", "copy"}, {"gb_s", bw / 1e9}}.dump() << std::endl;
-  if (!mla_only && !moe_only) decode_small_op_cases(*ops, bw);
-  if (small_ops_only) return 0;
-  if (!mla_only) {
+  if (all || small_ops_only) decode_small_op_cases(*ops, bw);
+  if (all || cases == Cases::kMoe) {
     // Kimi-Linear-48B: 256 BF16 experts of [1024, 2304], top 8. K3: MXFP4 experts of [3072, 3584], top 16,
     // 224 of them (a quarter of the 896: one rank's share under expert parallelism over 4).
     for (int64_t tokens : {1, 8, 32, 64})
       moe_experts_case(*ops, "kimi-linear-48b", 256, 2304, 1024, 8, false, tokens, bw);
     for (int64_t tokens : {1, 8}) moe_experts_case(*ops, "kimi-k3", 224, 3584, 3072, 16, true, tokens, bw);
   }
-  if (moe_only) return 0;
-  if (!mla_only) {
-    for (int64_t b : {1, 8, 64}) kda_decode_cases(*ops, b, bw);
+  if (all || cases == Cases::kKdaDecode) {
+    for (int64_t b : {1, 2, 4, 8, 16, 64}) kda_decode_cases(*ops, b, bw);
+  }
+  if (all) {
     for (int64_t b : {1, 4}) {
       for (int64_t t : {8192, 65536}) kda_prefill_case(*ops, b, t, bw);
     }
   }
+  if (!all && cases != Cases::kMla) return 0;
   for (int64_t heads : {32, 96}) {  // Kimi-Linear-48B, K3
     for (int64_t b : {1, 8}) mla_decode_case(*ops, b, heads, 65536, bw);
   }
@@ -354,13 +384,21 @@ int run(bool small_ops_only, bool mla_only, bool moe_only) {
 
 int main(int argc, char** argv) {
   const std::string arg = argc == 2 ? argv[1] : "";
-  const bool small_ops_only = arg == "--small-ops", mla_only = arg == "--mla", moe_only = arg == "--moe";
-  if (argc > 2 || (argc == 2 && !small_ops_only && !mla_only && !moe_only)) {
-    std::cerr << "usage: kernel_bench [--small-ops | --mla | --moe]\n";
+  const std::pair<const char*, hlm::Cases> flags[] = {{"--small-ops", hlm::Cases::kSmallOps},
+                                                      {"--mla", hlm::Cases::kMla},
+                                                      {"--moe", hlm::Cases::kMoe},
+                                                      {"--kda-decode", hlm::Cases::kKdaDecode}};
+  hlm::Cases cases = hlm::Cases::kAll;
+  bool known = argc == 1;
+  for (const auto& [flag, c] : flags) {
+    if (argc == 2 && arg == flag) cases = c, known = true;
+  }
+  if (!known) {
+    std::cerr << "usage: kernel_bench [--small-ops | --mla | --moe | --kda-decode]\n";
     return 2;
   }
   try {
-    return hlm::run(small_ops_only, mla_only, moe_only);
+    return hlm::run(cases);
   } catch (const std::exception& e) {
     std::cerr << "kernel_bench: " << e.what() << "\n";
     return 1;

@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <set>
@@ -330,6 +331,22 @@ INSTANTIATE_TEST_SUITE_P(
                       std::pair<int64_t, int64_t>{64, 64}, std::pair<int64_t, int64_t>{128, 128},
                       std::pair<int64_t, int64_t>{48, 40}, std::pair<int64_t, int64_t>{32, 24}));
 
+// Random per-head parameters of a fused decode for the CPU and their copies on the GPU (o_norm as BF16).
+std::pair<KdaHeadParams, KdaHeadParams> random_head_params(Ops& gpu, int64_t heads, int64_t kd, int64_t vd,
+                                                           float lower_bound, std::mt19937& rng) {
+  KdaHeadParams cpu;
+  cpu.a_log = random_f32({heads}, rng, -1.0f, 0.5f);
+  cpu.dt_bias = random_f32({heads * kd}, rng);
+  cpu.lower_bound = lower_bound;
+  cpu.o_norm = round_bf16(random_f32({vd}, rng, 0.5f, 1.5f));
+  cpu.eps = 1e-5f;
+  KdaHeadParams dev = cpu;
+  dev.a_log = gpu.upload(cpu.a_log);
+  dev.dt_bias = gpu.upload(cpu.dt_bias);
+  dev.o_norm = gpu.upload(as_bf16(cpu.o_norm));
+  return {cpu, dev};
+}
+
 // The fused decode (kda_decode_gated: gate, beta sigmoid, recurrence and gated norm in one kernel, in
 // clusters of CTAs at K = V = 64 and 128) against the CPU's four separate ops, with both gate forms; head
 // sizes without a tiled kernel, and batches of more than 256 (row, head) pairs, take the separate ops on
@@ -346,16 +363,7 @@ TEST_P(CudaKdaDecodeGated, MatchesCpuOpsOverSteps) {
   const std::vector<SeqSpan> spans = {{0, 1, 2}, {1, 1, 0}, {2, 0, -1}, {3, 1, 5}, {4, 0, 3}};
   Tensor cpu_state = random_f32({slots, heads, kd, vd}, rng);
   Tensor gpu_state = gpu->upload(cpu_state);
-  KdaHeadParams hp_cpu;
-  hp_cpu.a_log = random_f32({heads}, rng, -1.0f, 0.5f);
-  hp_cpu.dt_bias = random_f32({heads * kd}, rng);
-  hp_cpu.lower_bound = lower_bound;
-  hp_cpu.o_norm = round_bf16(random_f32({vd}, rng, 0.5f, 1.5f));
-  hp_cpu.eps = 1e-5f;
-  KdaHeadParams hp_gpu = hp_cpu;
-  hp_gpu.a_log = gpu->upload(hp_cpu.a_log);
-  hp_gpu.dt_bias = gpu->upload(hp_cpu.dt_bias);
-  hp_gpu.o_norm = gpu->upload(as_bf16(hp_cpu.o_norm));
+  const auto [hp_cpu, hp_gpu] = random_head_params(*gpu, heads, kd, vd, lower_bound, rng);
   const SeqBatch batch = device_batch(*gpu, spans);
   for (int step = 0; step < 3; ++step) {
     const std::string what = "K " + std::to_string(kd) + " V " + std::to_string(vd) + " lower bound " +
@@ -390,6 +398,91 @@ INSTANTIATE_TEST_SUITE_P(HeadSizesAndGates, CudaKdaDecodeGated,
                                   std::to_string(std::get<1>(info.param)) +
                                   (std::get<2>(info.param) < 0 ? "Bounded" : "Softplus") + "H" +
                                   std::to_string(std::get<3>(info.param));
+                         });
+
+// The whole decode step of a layer from its stacked projection (kda_decode_layer: conv, both gate
+// products, gate, beta, recurrence and gated norm in one kernel, in clusters at K = V = 64 and 128)
+// against the CPU's separate ops, over three steps that carry the recurrent state and the conv cache.
+// The kernel keeps the conv outputs and the gate products in fp32, as the CPU's F32 ops do, so the state
+// meets kStateTol and the cache must match exactly. A batch of more than 256 (row, head) pairs takes the
+// separate ops on the GPU, which round the conv outputs (q, k, v) to bf16 before the recurrence: there the
+// state is held to kBf16OutTol, the bound of that rounding.
+struct LayerCase {
+  int64_t dim, rank;
+  float lower_bound;
+  int64_t heads, rows;
+  bool full_rank_gate;  // K3: no g_b, the gate columns of the projection are the gate
+  DType conv_state;
+  bool separate_ops = false;  // more than 256 (row, head) pairs: the GPU takes the separate ops
+};
+
+class CudaKdaDecodeLayer : public ::testing::TestWithParam<LayerCase> {};
+
+TEST_P(CudaKdaDecodeLayer, MatchesCpuOpsOverSteps) {
+  HLM_GPU_OR_SKIP(gpu);
+  gpu->reserve_workspace(kArenaBytes);
+  auto cpu = make_cpu_ops();
+  const LayerCase c = GetParam();
+  const int64_t hd = c.dim, heads = c.heads, dl = heads * hd, slots = 7, rows = c.rows, width = 4;
+  std::mt19937 rng(static_cast<unsigned>(71 * hd + c.rank + 7 * heads + (c.full_rank_gate ? 3 : 0)));
+  const std::vector<SeqSpan> spans = {{0, 1, 2}, {1, 1, 0}, {2, 0, -1}, {3, 1, 5}, {4, 0, 3}};
+  // The projection's parts after 8 columns of another part, in the layer's order, 5 more columns after.
+  KdaProjColumns cols;
+  cols.qkv = 8;
+  cols.fa = cols.qkv + 3 * dl;
+  cols.gate = cols.fa + c.rank;
+  cols.beta = cols.gate + (c.full_rank_gate ? dl : c.rank);
+  const int64_t proj_width = cols.beta + heads + 5;
+
+  const auto [hp_cpu, hp_gpu] = random_head_params(*gpu, heads, hd, hd, c.lower_bound, rng);
+  const float w_scale = 1.0f / std::sqrt(static_cast<float>(c.rank));
+  const Tensor conv_w = round_bf16(random_f32({3 * dl, width}, rng, -0.6f, 0.6f));
+  const Tensor f_b = round_bf16(random_f32({dl, c.rank}, rng, -w_scale, w_scale));
+  const Tensor g_b =
+      c.full_rank_gate ? Tensor() : round_bf16(random_f32({dl, c.rank}, rng, -w_scale, w_scale));
+  const Tensor gpu_conv_w = gpu->upload(as_bf16(conv_w)), gpu_f_b = gpu->upload(as_bf16(f_b));
+  const Tensor gpu_g_b = c.full_rank_gate ? Tensor() : gpu->upload(as_bf16(g_b));
+
+  Tensor cpu_state = random_f32({slots, heads, hd, hd}, rng);
+  Tensor gpu_state = gpu->upload(cpu_state);
+  Tensor cpu_conv = round_bf16(random_f32({slots, 3 * dl, width - 1}, rng, -2.0f, 2.0f));
+  Tensor gpu_conv = gpu->upload(c.conv_state == DType::kBF16 ? as_bf16(cpu_conv) : cpu_conv);
+  const SeqBatch batch = device_batch(*gpu, spans);
+  for (int step = 0; step < 3; ++step) {
+    const std::string what = "K " + std::to_string(hd) + " r " + std::to_string(c.rank) + " H " +
+                             std::to_string(heads) + (c.full_rank_gate ? " full-rank gate" : "") + " step " +
+                             std::to_string(step);
+    const Tensor proj = round_bf16(random_f32({rows, proj_width}, rng, -2.0f, 2.0f));
+    const Tensor gpu_proj = gpu->upload(as_bf16(proj));
+    const Tensor state_before = gpu->to_host_f32(gpu_state), conv_before = gpu->to_host_f32(gpu_conv);
+    const Tensor out = run_poisoned(*gpu, [&] {
+      return gpu->kda_decode_layer(gpu_proj, cols, gpu_conv_w, gpu_f_b, gpu_g_b, hp_gpu, batch, gpu_conv,
+                                   gpu_state);
+    });
+    const Tensor ref =
+        cpu->kda_decode_layer(proj, cols, conv_w, f_b, g_b, hp_cpu, spans, cpu_conv, cpu_state);
+    EXPECT_LE(rel_l2(out, ref), kBf16OutTol) << what << ": output";
+    EXPECT_TRUE(rows_are_zero(out, uncovered_rows(spans, rows))) << what;
+    expect_state(gpu->to_host_f32(gpu_state), state_before, cpu_state, spans,
+                 c.separate_ops ? kBf16OutTol : kStateTol, what + ": state");
+    expect_state(gpu->to_host_f32(gpu_conv), conv_before, cpu_conv, spans, 0.0, what + ": conv cache");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaKdaDecodeLayer,
+                         ::testing::Values(LayerCase{128, 128, 0.0f, 3, 6, false, DType::kF32},
+                                           LayerCase{128, 128, -5.0f, 3, 6, true, DType::kBF16},
+                                           LayerCase{64, 32, -5.0f, 3, 6, false, DType::kBF16},
+                                           LayerCase{32, 64, 0.0f, 3, 6, false, DType::kF32},
+                                           LayerCase{16, 32, 0.0f, 3, 6, true, DType::kF32},
+                                           LayerCase{128, 128, 0.0f, 48, 6, false, DType::kBF16, true}),
+                         [](const auto& info) {
+                           const LayerCase& c = info.param;
+                           return "K" + std::to_string(c.dim) + "R" + std::to_string(c.rank) + "H" +
+                                  std::to_string(c.heads) + "T" + std::to_string(c.rows) +
+                                  (c.lower_bound < 0 ? "Bounded" : "Softplus") +
+                                  (c.full_rank_gate ? "FullRankGate" : "LowRankGate") +
+                                  (c.conv_state == DType::kBF16 ? "Bf16Cache" : "F32Cache");
                          });
 
 // Prefill: every head size with every gate kind, on one ragged batch.

@@ -107,6 +107,13 @@ Tensor gated_rms_norm(CudaContext& ctx, const Tensor& o, const Tensor& gate, con
 bool kda_decode_gated(CudaContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& graw,
                       const Tensor& beta_logits, const Tensor& out_gate, const KdaHeadParams& hp,
                       const SeqBatch& seqs, Tensor& state, Tensor& out);
+// The fused kernel of Ops::kda_decode_layer (kda_decode_layer.cu) for the shapes it takes (K = V in 16, 32,
+// 64, 128, batches of at most 256 (row, head) pairs, bf16 f_b and g_b of one rank r <= 128 with
+// r % 32 == 0, conv width <= 4): sets `out` [T, H, V] and returns true; returns false (nothing launched)
+// otherwise.
+bool kda_decode_layer(CudaContext& ctx, const Tensor& proj, const KdaProjColumns& cols, const Tensor& conv_w,
+                      const Tensor& f_b, const Tensor& g_b, const KdaHeadParams& hp, const SeqBatch& seqs,
+                      Tensor& conv_state, Tensor& state, Tensor& out);
 
 // --- MLA (mla.cu) --------------------------------------------------------------------------------------
 // entries [T, D] (BF16/F32), slots [T] I64, cache [pages, P, D] BF16.

@@ -256,6 +256,14 @@ class CudaOps final : public Ops {
     if (cuda::kda_decode_gated(ctx_, q, k, v, graw, beta_logits, out_gate, hp, seqs, state, out)) return out;
     return Ops::kda_decode_gated(q, k, v, graw, beta_logits, out_gate, hp, seqs, state);
   }
+  Tensor kda_decode_layer(const Tensor& proj, const KdaProjColumns& cols, const Tensor& conv_w,
+                          const Tensor& f_b, const Tensor& g_b, const KdaHeadParams& hp, const SeqBatch& seqs,
+                          Tensor& conv_state, Tensor& state) override {
+    Tensor out;
+    if (cuda::kda_decode_layer(ctx_, proj, cols, conv_w, f_b, g_b, hp, seqs, conv_state, state, out))
+      return out;
+    return Ops::kda_decode_layer(proj, cols, conv_w, f_b, g_b, hp, seqs, conv_state, state);
+  }
 
   void mla_cache_write(const Tensor& ckv, int64_t latent, const Tensor& norm_w, float eps,
                        const Tensor& slots, Tensor& cache) override {

@@ -176,4 +176,32 @@ inline void check_kda_core_args(const char* op, const Tensor& q, const Tensor& k
   expect_dim(beta, 1, q.dim(1), op, "beta [T, H]", "the head count of q [T, H, K]");
 }
 
+// A decode batch's limits beyond check_seq_batch: one token per sequence, the grid and alignment limits of
+// the decode kernels (rows of the batch, key dimension kd).
+inline void check_kda_decode_batch(const char* op, int64_t rows, int64_t kd, const SeqBatch& seqs,
+                                   const Tensor& state) {
+  for (size_t i = 0; i < seqs.spans.size(); ++i) {
+    HLM_CHECK(seqs.spans[i].token_count <= 1,
+              "{}: sequence {} has {} new tokens; decode takes at most 1 (use kda_prefill for more)", op, i,
+              seqs.spans[i].token_count);
+  }
+  HLM_CHECK(rows <= 65535, "{}: {} rows in one decode batch; the grid takes at most 65535", op, rows);
+  HLM_CHECK(3 * kd * static_cast<int64_t>(sizeof(float)) <= 48 * 1024,
+            "{}: key dimension {} is too large for the kernel's shared memory (at most 4096)", op, kd);
+  HLM_CHECK(reinterpret_cast<uintptr_t>(state.raw()) % 16 == 0,
+            "{}: the state must be 16-byte aligned for vector access", op);
+}
+
+// The per-head parameters of a fused decode (KdaHeadParams) for `heads` heads of K = V = kd.
+inline void check_kda_head_params(const char* op, const KdaHeadParams& hp, int64_t heads, int64_t kd) {
+  expect_cuda(hp.a_log, op, "a_log", {DType::kF32, DType::kBF16}, 1, "[H]");
+  expect_dim(hp.a_log, 0, heads, op, "a_log [H]", "the head count");
+  expect_cuda(hp.dt_bias, op, "dt_bias", {DType::kF32, DType::kBF16}, 1, "[H*K]");
+  expect_dim(hp.dt_bias, 0, heads * kd, op, "dt_bias [H*K]", "H*K");
+  expect_cuda(hp.o_norm, op, "o_norm", {DType::kF32, DType::kBF16}, 1, "[V]");
+  expect_dim(hp.o_norm, 0, kd, op, "o_norm [V]", "the head dimension");
+  HLM_CHECK(hp.lower_bound <= 0.0f, "{}: lower_bound must be 0 (softplus gate) or negative, got {}", op,
+            hp.lower_bound);
+}
+
 }  // namespace hlm::cuda

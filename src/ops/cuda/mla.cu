@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/cuda_kernels.h"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/pdl.cuh"
@@ -83,11 +84,7 @@ struct MlaParams {
   float scale;
 };
 
-// --- warp-level tensor-core and async-copy primitives ------------------------------------------------------
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
+// --- warp-level tensor-core primitives ------------------------------------------------------
 // Four 8x8 b16 matrices; lane l gives the address of row (l & 7) of matrix (l >> 3); register i holds, in
 // each lane, row lane/4 and columns 2·(lane%4) + {0, 1} of matrix i (with .trans: of its transpose).
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
@@ -112,18 +109,6 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// 16 bytes global -> shared, bypassing L1 (the cache is streamed once); zero-filled when !valid (no read).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>  // wait until at most N of this thread's commit groups are still in flight
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Eight consecutive query elements as bf16 (16 bytes).

@@ -1,0 +1,289 @@
+// kda_decode_layer (ops.h) in one kernel: a KDA layer's decode step from its stacked input projection to
+// the normed output. It is kda_decode_gated's kernel (kda_decode.cu) with the layer's remaining small ops
+// folded in: the short conv of q, k and v with its per-slot cache, and the two low-rank gate products
+// (f_a's output · f_bᵀ for the decays, g_a's · g_bᵀ for the output gate). Separately those were three more
+// kernels between the input projection and the recurrence (the conv on the main stream, f_b then g_b on a
+// side stream; 4.3-4.4 µs each under ncu at batch 1) and a fork and join of the two streams.
+//
+// Decomposition: the decode tile (kda_decode_tile.cuh), grid (kSplits, H, T) in clusters of the kSplits
+// CTAs of a (row, head), CTA s owning value columns [s·kC, (s+1)·kC). The small ops split the same way:
+// CTA s convolves channels [s·kC, (s+1)·kC) of each of q, k and v (a thread per channel, so each conv
+// cache entry has one reader and writer), computes the decays of key rows [s·kC, (s+1)·kC) from kC rows of
+// f_b and the output gate of its own columns from kC rows of g_b (four threads per row, each taking every
+// fourth 8-column chunk). The recurrence needs q, k and the decays of all D key rows: the cluster
+// exchanges its slices through distributed shared memory behind one barrier, and each CTA then forms the
+// norms of q and k from the whole vectors in the same order, so the CTAs agree. v and the gate stay in
+// their CTA.
+//
+// Before pdl_wait() (pdl.cuh): the recurrent state and the conv cache, which only this layer's kernels of
+// earlier steps write, the conv taps, and the CTA's rows of f_b and g_b (weights, copied to shared memory
+// with cp.async so that they hold no registers while the kernel waits); at K = V = r = 128 that is 16 KB
+// of state and 16 KB of gate weights per CTA.
+//
+// Numerics: the conv outputs, graw and the output gate stay fp32, where the separate ops round them to the
+// activation dtype (bf16).
+#include "ops/cuda/async_copy.cuh"
+#include "ops/cuda/kda_decode_tile.cuh"
+#include "ops/cuda/pdl.cuh"
+
+namespace hlm::cuda {
+namespace {
+
+constexpr int kMaxRank = 128;               // r, the width of f_a's and g_a's outputs, at most
+constexpr int kRankChunks = kMaxRank / 32;  // 8-column chunks of a gate weight row per thread, at most
+constexpr int kMaxConvWidth = 4;            // the models' width; wider convs take the separate ops
+constexpr int64_t kLayerMaxHeadRows = 256;  // (row, head) pairs per call, at most (kda_decode_layer)
+
+template <class XT>
+struct KdaLayerParams {
+  const XT* proj;  // [T, P], the stacked input projection
+  int64_t proj_ld;
+  KdaProjColumns cols;
+  FloatIn conv_w;         // [3·H·D, W]
+  FloatInOut conv_state;  // [slots, 3·H·D, W-1], the last W-1 raw inputs of each channel
+  int conv_width;
+  const bf16* f_b;  // [H·D, r]
+  const bf16* g_b;  // [H·D, r], or nullptr: the gate columns of proj are the gate itself [H·D]
+  int rank;
+  FloatIn a_log;    // [H]
+  FloatIn dt_bias;  // [H·D]
+  FloatIn o_norm;   // [D]
+  float lower_bound;
+  float eps;
+  float* state;          // [slots, H, D, D]
+  bf16* out;             // [T, H, D]
+  const int32_t* table;  // [S, 3]
+  int num_spans;
+  int heads;
+};
+
+// The thread's share of a gate row's product: chunks part, part + 4, ... (8 columns each) of the row w
+// (shared, bf16) against x (shared), chunks below r / 8.
+__device__ __forceinline__ float row_share_dot(const bf16* w, const float* x, int part, int rank) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kRankChunks; ++j) {
+    const int c = 8 * (4 * j + part);
+    if (c < rank) {
+      float wf[8];
+      bf16x8_to_f32(*reinterpret_cast<const uint4*>(w + c), wf);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum = fmaf(wf[e], x[c + e], sum);
+    }
+  }
+  return sum;
+}
+
+template <int D, class XT>
+__global__ void __launch_bounds__(DecodeTile<D>::kThreads) kda_decode_layer_kernel(KdaLayerParams<XT> p) {
+  using Tile = DecodeTile<D>;
+  constexpr int kC = Tile::kCols;
+  static_assert(Tile::kThreads == 4 * kC && 3 * kC <= Tile::kThreads);  // 4 threads per gate row
+  __shared__ Span span_shared;
+  __shared__ float q_sh[D], k_sh[D], decay_sh[D];  // the head's conv outputs of q and k, and exp(g)
+  __shared__ float slice_sh[3]
+                           [kC];  // this CTA's share of them (rows [s·kC, (s+1)·kC)), which the cluster reads
+  __shared__ float v_sh[kC], gate_sh[kC];  // the CTA's columns of v and of the output gate
+  __shared__ float fa_sh[kMaxRank], ga_sh[kMaxRank];
+  __shared__ __align__(16) bf16 f_b_sh[kC][kMaxRank], g_b_sh[kC][kMaxRank];  // the CTA's rows of f_b, g_b
+  __shared__ float2 norm_scratch[32];
+  __shared__ float4 kv_scratch[Tile::kWarps * Tile::kQuads], o_scratch[Tile::kWarps * Tile::kQuads];
+  __shared__ float sum_sq_sh;
+
+  const int split = blockIdx.x;  // also the CTA's rank in its cluster
+  const auto [h, row, quad, row_group, col, token_head] = decode_thread<Tile>(p.heads);
+  const int tid = threadIdx.x;
+  bf16* out = p.out + token_head * D + col;
+
+  const Span span = block_find_span(p.table, p.num_spans, row, &span_shared);
+  if (span.slot < 0) {  // padding or a row of no sequence
+    finish_empty_row(out, row_group);
+    return;
+  }
+  float* state = thread_state<Tile, D>(p.state, span.slot, p.heads, h, col);
+  float4 s[Tile::kRows];  // rows row_group + kRowGroups·i, columns col .. col+3
+  load_state<Tile, D>(state, row_group, s);
+  // Four threads per gate row: f_b's row for key row s·kC + gate_row and g_b's for value column
+  // s·kC + gate_row. Each thread copies, and later reads, the 8-column chunks gate_part, gate_part + 4, ...
+  const int gate_row = tid / 4, gate_part = tid % 4;
+  const int64_t w_row = (static_cast<int64_t>(h) * D + split * kC + gate_row) * p.rank;
+#pragma unroll
+  for (int j = 0; j < kRankChunks; ++j) {
+    const int c = 8 * (4 * j + gate_part);
+    if (c < p.rank) {
+      cp_async16(&f_b_sh[gate_row][c], p.f_b + w_row + c, true);
+      if (p.g_b != nullptr) cp_async16(&g_b_sh[gate_row][c], p.g_b + w_row + c, true);
+    }
+  }
+  cp_async_commit();
+  // Conv: thread tid < 3·kC owns channel s·kC + tid % kC of q (tid / kC = 0), k (1) or v (2).
+  const int64_t dl = static_cast<int64_t>(p.heads) * D;
+  const bool conv_thread = tid < 3 * kC;
+  const int conv_part = tid / kC, conv_i = tid % kC;
+  const int64_t channel = conv_part * dl + static_cast<int64_t>(h) * D + split * kC + conv_i;
+  const int hist = p.conv_width - 1;
+  const int64_t cache = (span.slot * 3 * dl + channel) * hist;  // [W-1] raw inputs, oldest first
+  float taps[kMaxConvWidth], window[kMaxConvWidth - 1];
+#pragma unroll
+  for (int j = 0; j < kMaxConvWidth; ++j) {
+    taps[j] = conv_thread && j < p.conv_width ? p.conv_w.load(channel * p.conv_width + j) : 0.0f;
+    if (j < kMaxConvWidth - 1) window[j] = conv_thread && j < hist ? p.conv_state.load(cache + j) : 0.0f;
+  }
+  pdl_wait();
+  pdl_trigger();
+
+  const XT* x = p.proj + row * p.proj_ld;  // this row's projection [P]
+  for (int r = tid; r < p.rank; r += Tile::kThreads) {
+    fa_sh[r] = to_float(x[p.cols.fa + r]);
+    if (p.g_b != nullptr) ga_sh[r] = to_float(x[p.cols.gate + r]);
+  }
+  if (conv_thread) {
+    // The CPU op's order: taps over the cached inputs oldest first, then the new input.
+    const float input = to_float(x[p.cols.qkv + channel]);
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxConvWidth; ++j) {
+      if (j < hist) {
+        acc += taps[j] * window[j];
+      } else if (j == hist) {
+        acc += taps[j] * input;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kMaxConvWidth - 1; ++j) {
+      if (j < hist) p.conv_state.store(cache + j, j + 1 < hist ? window[j + 1] : input);
+    }
+    const float y = silu(acc);
+    if (conv_part < 2) {
+      slice_sh[conv_part][conv_i] = y;
+    } else {
+      v_sh[conv_i] = y;
+    }
+  }
+  if (p.g_b == nullptr && tid < kC) gate_sh[tid] = to_float(x[p.cols.gate + h * D + split * kC + tid]);
+  __syncthreads();
+
+  // The decays of key rows s·kC + gate_row and the output gate of column s·kC + gate_row: the four threads
+  // of a row add their shares (lanes tid ^ 1, tid ^ 2 of one warp; every lane gets the same sum). A thread
+  // reads only the weight chunks it copied, so its own wait suffices.
+  cp_async_wait<0>();
+  float f_sum = row_share_dot(f_b_sh[gate_row], fa_sh, gate_part, p.rank);
+  float g_sum = p.g_b != nullptr ? row_share_dot(g_b_sh[gate_row], ga_sh, gate_part, p.rank) : 0.0f;
+  f_sum += __shfl_xor_sync(0xffffffffu, f_sum, 1);
+  f_sum += __shfl_xor_sync(0xffffffffu, f_sum, 2);
+  g_sum += __shfl_xor_sync(0xffffffffu, g_sum, 1);
+  g_sum += __shfl_xor_sync(0xffffffffu, g_sum, 2);
+  if (gate_part == 0) {
+    const int d = split * kC + gate_row;
+    const float rate = expf(p.a_log.load(h));
+    slice_sh[2][gate_row] = expf(kda_gate_value(f_sum + p.dt_bias.load(h * D + d), rate, p.lower_bound));
+    if (p.g_b != nullptr) gate_sh[gate_row] = g_sum;
+  }
+
+  // Every CTA of the cluster gathers the head's q, k and decays from the kSplits slices.
+  const float* slices = &slice_sh[0][0];
+  if constexpr (Tile::kSplits > 1) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster_arrive_release();
+    cluster_wait();
+    for (int e = tid; e < 3 * D; e += Tile::kThreads) {
+      const int part = e / D, d = e % D;
+      const float value = cluster.map_shared_rank(slices, d / kC)[part * kC + d % kC];
+      (part == 0 ? q_sh : part == 1 ? k_sh : decay_sh)[d] = value;
+    }
+  } else {
+    __syncthreads();
+    for (int e = tid; e < 3 * D; e += Tile::kThreads) {
+      const int part = e / D, d = e % D;
+      (part == 0 ? q_sh : part == 1 ? k_sh : decay_sh)[d] = slices[part * kC + d];
+    }
+  }
+  __syncthreads();
+  const float2 factors = l2_factors(q_sh, k_sh, D, norm_scratch);
+  const float b = logistic(to_float(x[p.cols.beta + h]));
+  const float4 v = {v_sh[quad * 4], v_sh[quad * 4 + 1], v_sh[quad * 4 + 2], v_sh[quad * 4 + 3]};
+  const float4 gate = {gate_sh[quad * 4], gate_sh[quad * 4 + 1], gate_sh[quad * 4 + 2],
+                       gate_sh[quad * 4 + 3]};
+
+  // The state goes back after the norm's cluster barrier, which would otherwise wait for those stores.
+  float4 o =
+      recur<Tile, D, false>(s, q_sh, k_sh, decay_sh, factors, v, b, row_group, state, kv_scratch, o_scratch);
+  o = gated_norm<Tile, D>(o, gate, p.o_norm, p.eps, col, &sum_sq_sh);
+  store_state<Tile, D>(state, row_group, s);
+  if (row_group == 0) store4_bf16(out, o);
+  if constexpr (Tile::kSplits > 1) cluster_wait();
+}
+
+template <int D, class XT>
+void launch_kda_decode_layer(const KdaLayerParams<XT>& p, int64_t rows, cudaStream_t stream) {
+  using Tile = DecodeTile<D>;
+  const dim3 grid(Tile::kSplits, p.heads, static_cast<unsigned>(rows));
+  launch_pdl(kda_decode_layer_kernel<D, XT>, grid, Tile::kThreads, 0, stream, p, Tile::kSplits);
+  HLM_CHECK_LAUNCH("kda_decode_layer_kernel");
+}
+
+}  // namespace
+
+bool kda_decode_layer(CudaContext& ctx, const Tensor& proj, const KdaProjColumns& cols, const Tensor& conv_w,
+                      const Tensor& f_b, const Tensor& g_b, const KdaHeadParams& hp, const SeqBatch& seqs,
+                      Tensor& conv_state, Tensor& state, Tensor& out) {
+  const char* op = "kda_decode_layer";
+  check_kda_decode_layer(proj, cols, conv_w, f_b, g_b, conv_state, state, op);
+  expect_cuda(proj, op, "proj", {DType::kBF16, DType::kF32}, 2, "[T, P]");
+  expect_cuda(state, op, "state", {DType::kF32}, 4, "[slots, H, K, V]");
+  expect_cuda(conv_w, op, "conv_w", {DType::kBF16, DType::kF32}, 2, "[3·H·K, W]");
+  expect_cuda(conv_state, op, "conv_state", {DType::kBF16, DType::kF32}, 3, "[slots, 3·H·K, W-1]");
+  expect_cuda(f_b, op, "f_b", {DType::kBF16, DType::kF32}, 2, "[H·K, r]");
+  if (g_b.defined()) expect_cuda(g_b, op, "g_b", {DType::kBF16, DType::kF32}, 2, "[H·V, r]");
+  const int64_t rows = proj.dim(0), heads = state.dim(1), kd = state.dim(2), rank = f_b.dim(1);
+  HLM_CHECK(heads <= 65535, "{}: {} heads; the kernels take at most 65535", op, heads);
+  check_kda_head_params(op, hp, heads, kd);
+  check_seq_batch(seqs, rows, state.dim(0), op);
+  check_kda_decode_batch(op, rows, kd, seqs, state);
+
+  // The kernel's shapes; anything else takes the separate ops (the caller's fallback): a tiled head size,
+  // bf16 gate weights of one rank r (a multiple of 32, at most kMaxRank, 16-byte aligned rows), conv widths
+  // up to kMaxConvWidth.
+  const bool weights_fit =
+      f_b.dtype() == DType::kBF16 && rank % 32 == 0 && rank <= kMaxRank && aligned16(f_b.raw()) &&
+      (!g_b.defined() || (g_b.dtype() == DType::kBF16 && g_b.dim(1) == rank && aligned16(g_b.raw())));
+  if (!dispatch_head_dim(kd, [](auto) {}) || !weights_fit || conv_w.dim(1) > kMaxConvWidth) return false;
+  // So do batches of more than kLayerMaxHeadRows (row, head) pairs, where the kernel's registers (the
+  // state and the conv window: 76 at K = 128, 6 CTAs per SM) make the grid run in many waves, each
+  // repeating the kernel's chain of latencies. Measured on an H200 with 32 heads of K = V = r = 128
+  // (kernel_bench --kda-decode, one call): this kernel against the separate ops took 6.65 against 9.77 µs
+  // at batch 1, 7.85 against 14.89 at 2, 11.1 against 17.8 at 4, 20.3 against 25.6 at 8, and 154 against
+  // 105 at 64.
+  if (rows * heads > kLayerMaxHeadRows) return false;
+
+  out = ctx.empty({rows, heads, kd}, DType::kBF16);  // [T, H, V]
+  if (out.numel() == 0) return true;
+  dispatch_float(proj.dtype(), op, [&](auto tag) {
+    using XT = typename decltype(tag)::type;
+    const KdaLayerParams<XT> p{static_cast<const XT*>(proj.raw()),
+                               proj.dim(1),
+                               cols,
+                               float_in(conv_w),
+                               float_in_out(conv_state),
+                               static_cast<int>(conv_w.dim(1)),
+                               static_cast<const bf16*>(f_b.raw()),
+                               g_b.defined() ? static_cast<const bf16*>(g_b.raw()) : nullptr,
+                               static_cast<int>(rank),
+                               float_in(hp.a_log),
+                               float_in(hp.dt_bias),
+                               float_in(hp.o_norm),
+                               hp.lower_bound,
+                               hp.eps,
+                               state.data<float>(),
+                               static_cast<bf16*>(out.raw()),
+                               seqs.table.data<int32_t>(),
+                               static_cast<int>(seqs.spans.size()),
+                               static_cast<int>(heads)};
+    dispatch_head_dim(
+        kd, [&](auto dim) { launch_kda_decode_layer<decltype(dim)::value, XT>(p, rows, ctx.stream()); });
+  });
+  return true;
+}
+
+}  // namespace hlm::cuda
