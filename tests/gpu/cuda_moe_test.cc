@@ -425,6 +425,13 @@ TEST(CudaMoe, ExpertsAddIsExpertsThenAdd) {
         << what;
     for (int64_t d = 0; d < hidden; ++d) ASSERT_EQ(got.data<float>()[d], addend.data<float>()[d]) << what;
   }
+  // No token with a local expert: no active expert at all (every GEMM CTA exits at once), and the output is
+  // exactly the addend.
+  for (int64_t t = 0; t < rows * k; ++t) idx.data<int32_t>()[t] = static_cast<int32_t>(t % begin);
+  const Tensor addend_g = gpu->upload(addend);
+  const Tensor got =
+      gpu->to_host_f32(gpu->moe_experts_add(xg, gpu->upload(idx), w_g, ex.gpu, begin, act, addend_g));
+  EXPECT_EQ(std::memcmp(got.raw(), addend.raw(), got.nbytes()), 0) << "no local expert: not the addend";
 }
 
 TEST(CudaMoe, ExpertsTinyShapesEveryFormat) {
@@ -508,6 +515,18 @@ TEST(CudaMoe, ExpertsEdgeRoutings) {
         EXPECT_EQ(run.got.data<float>()[d], 0.0f);
         EXPECT_EQ(run.got.data<float>()[2 * hidden + d], 0.0f);
       }
+    }
+    // 72 tokens (144 pairs, about 18 per expert): the 1024-thread work list and the 32-token kernel.
+    {
+      const int64_t rows = 72;
+      Tensor idx = Tensor::empty({rows, 2}, DType::kI32);
+      for (int64_t t = 0; t < rows; ++t) {
+        idx.data<int32_t>()[t * 2] = static_cast<int32_t>(t % local);
+        idx.data<int32_t>()[t * 2 + 1] = static_cast<int32_t>((t + 1 + t / local) % local);
+      }
+      Tensor x = round_bf16(random_f32({rows, hidden}, rng));
+      expect_experts_match(*gpu, *cpu, x, idx, random_f32({rows, 2}, rng, 0.1f, 1.5f), ex, 0, silu,
+                           DType::kBF16, "72 tokens" + fmt);
     }
     // One token: most experts get nothing.
     {
