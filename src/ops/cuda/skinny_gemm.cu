@@ -41,7 +41,9 @@ constexpr int kMaxTokens = 16;  // two 8-column token tiles
 // Rows from which cuBLASLt takes the GEMM: its tiles stream the large matrices faster (lm_head at 4.4 TB/s,
 // KDA's fused q|k|v at 3.1 against 2.6 here). Measured on an H200 with the 48B config: cuBLASLt from
 // 8,192 rows made the batch-1 step 1.4% and the batch-8 step 2.2% faster than from 65,536, and from
-// 4,096 rows slower again.
+// 4,096 rows slower again. Measured again once KDA's decode after its input projection was one kernel
+// (whose state loads could then overlap this GEMM through PDL): from 16,384 rows, that projection here,
+// the KDA layer took 46.5 against 44.4 µs at batch 1 and 63.6 against 60.7 at batch 8 (--layer-split).
 constexpr int64_t kCublasRows = 8192;
 
 struct SkinnyGemmParams {
