@@ -101,7 +101,10 @@ MoeLayer::MoeLayer(const LayerEnv& env, int layer, WeightSource& w) {
 Tensor MoeLayer::forward(const LayerEnv& env, const Tensor& x) {
   Ops& ops = env.ops;
   const ActivationParams act = activation_params(env.cfg);
-  // The shared experts' GEMMs (bandwidth-bound) run beside the router's chain of small kernels.
+  // The shared experts' GEMMs (bandwidth-bound) run beside the router's chain of small kernels. (Measured
+  // on an H200 and dropped: joining only after the routed experts, their sum added by add_inplace, so that
+  // the routed GEMMs need not wait for the shared ones: the 48B MoE layer took 60.8 against 59.9 µs at
+  // batch 1, the 4K batch-1 step 2.844-2.879 against 2.814-2.823 ms.)
   Tensor shared;  // [T, hidden] partial
   if (has_shared_) {
     ops.begin_side();
