@@ -83,9 +83,8 @@ __global__ void __launch_bounds__(DecodeTile<D>::kThreads) kda_decode_kernel(Kda
     finish_empty_row(out, row_group);
     return;
   }
-  float* state = thread_state<Tile, D>(p.state, span.slot, p.heads, h, col);
   float4 s[Tile::kRows];  // rows row_group + kRowGroups·i, columns col .. col+3
-  load_state<Tile, D>(state, row_group, s);
+  float* state = load_state<Tile, D>(p.state, span.slot, p.heads, h, col, row_group, s);
   pdl_wait();
   pdl_trigger();
 

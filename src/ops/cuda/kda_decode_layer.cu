@@ -100,9 +100,8 @@ __global__ void __launch_bounds__(DecodeTile<D>::kThreads) kda_decode_layer_kern
     finish_empty_row(out, row_group);
     return;
   }
-  float* state = thread_state<Tile, D>(p.state, span.slot, p.heads, h, col);
   float4 s[Tile::kRows];  // rows row_group + kRowGroups·i, columns col .. col+3
-  load_state<Tile, D>(state, row_group, s);
+  float* state = load_state<Tile, D>(p.state, span.slot, p.heads, h, col, row_group, s);
   // Four threads per gate row: f_b's row for key row s·kC + gate_row and g_b's for value column
   // s·kC + gate_row. Each thread copies, and later reads, the 8-column chunks gate_part, gate_part + 4, ...
   const int gate_row = tid / 4, gate_part = tid % 4;

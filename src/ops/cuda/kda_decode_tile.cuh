@@ -66,17 +66,17 @@ __device__ __forceinline__ DecodeThread decode_thread(int heads) {
           static_cast<int64_t>(blockIdx.z) * heads + blockIdx.y};
 }
 
-// The thread's share of the state of (slot, head h): key rows row_group + kRowGroups·i of its 4 columns
-// from `col`, out of [slots, H, D, D].
+// The thread's share of the state of (slot, head h) in states [slots, H, D, D]: key rows
+// row_group + kRowGroups·i of its 4 columns from `col`, loaded into s. Returns where they live (D rows of
+// stride D from column col), for store_state.
 template <class Tile, int D>
-__device__ __forceinline__ float* thread_state(float* state, int slot, int heads, int h, int col) {
-  return state + (static_cast<int64_t>(slot) * heads + h) * D * D + col;  // [D] rows, stride D
-}
-template <class Tile, int D>
-__device__ __forceinline__ void load_state(const float* state, int row_group, float4 (&s)[Tile::kRows]) {
+__device__ __forceinline__ float* load_state(float* states, int slot, int heads, int h, int col,
+                                             int row_group, float4 (&s)[Tile::kRows]) {
+  float* state = states + (static_cast<int64_t>(slot) * heads + h) * D * D + col;
 #pragma unroll
   for (int i = 0; i < Tile::kRows; ++i)
     s[i] = *reinterpret_cast<const float4*>(state + (row_group + Tile::kRowGroups * i) * D);
+  return state;
 }
 template <class Tile, int D>
 __device__ __forceinline__ void store_state(float* state, int row_group, const float4 (&s)[Tile::kRows]) {
