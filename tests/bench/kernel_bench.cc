@@ -4,7 +4,7 @@
 // in one CUDA graph and the graph replayed (time per call, so launch gaps count as they do inside a decode
 // step); a prefill op runs eagerly. Inputs are random values generated on the GPU. Prints one JSON object per
 // case: the op, the shape, the median time and the bytes the op must move over the copy bandwidth measured in
-// the same process. --small-ops, --mla, --moe and --kda-decode run one group of cases alone.
+// the same process. --small-ops, --mla, --moe, --kda-decode and --skinny run one group of cases alone.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -228,6 +228,47 @@ void decode_small_op_cases(Ops& ops, double bw) {
          [&] { ops.linear_glu(x, gate_up_w, ActivationParams{}); });
 }
 
+// The decode-size GEMMs of a 48B step, each call on its own copy of the weights (kCalls copies, more bytes
+// than L2 holds), so every call streams its matrix from DRAM as it does inside a step: o_proj, the shared
+// expert's down and gate|up (GLU), the dense FFN's down, MLA's stacked q|kv_a, and W_UV per head.
+void skinny_gemm_cases(Ops& ops, double bw) {
+  struct Shape {
+    const char* name;
+    int64_t out, in;
+    bool glu;
+  };
+  const Shape shapes[] = {{"o_proj", 2304, 4096, false},
+                          {"shared_down", 2304, 1024, false},
+                          {"dense_down", 2304, 9216, false},
+                          {"mla_q_kv_a", 6720, 2304, false},
+                          {"shared_gate_up", 2048, 2304, true}};
+  for (int64_t tokens : {1, 8}) {
+    for (const Shape& s : shapes) {
+      std::vector<Tensor> w;
+      for (int c = 0; c < kCalls; ++c)
+        w.push_back(random_tensor(ops, {s.out, s.in}, DType::kBF16, 0.05f, 0.0f, 50 + c));
+      Tensor in = random_tensor(ops, {tokens, s.in}, DType::kBF16, 1.0f, 0.0f, 49);
+      size_t call = 0;
+      nlohmann::json j{{"op", s.name}, {"rows", tokens}, {"out", s.out}, {"in", s.in}};
+      print(j,
+            graph_seconds_per_call(ops,
+                                   [&] {
+                                     const Tensor& wc = w[call++ % w.size()];
+                                     s.glu ? ops.linear_glu(in, wc, ActivationParams{}) : ops.linear(in, wc);
+                                   }),
+            static_cast<double>(w[0].nbytes()), bw);
+    }
+    std::vector<Tensor> w_uv;
+    for (int c = 0; c < kCalls; ++c)
+      w_uv.push_back(random_tensor(ops, {32, 128, 512}, DType::kBF16, 0.05f, 0.0f, 80 + c));
+    Tensor context = random_tensor(ops, {tokens, 32, 512}, DType::kF32, 1.0f, 0.0f, 42);
+    size_t call = 0;
+    print({{"op", "mla_w_uv"}, {"rows", tokens}, {"heads", 32}, {"in", 512}, {"out", 128}},
+          graph_seconds_per_call(ops, [&] { ops.head_matmul(context, w_uv[call++ % w_uv.size()], true); }),
+          static_cast<double>(w_uv[0].nbytes()), bw);
+  }
+}
+
 // KDA chunked prefill of `batch` sequences of `tokens` each, from a zero state.
 void kda_prefill_case(Ops& ops, int64_t batch, int64_t tokens, double bw) {
   const int64_t rows = batch * tokens;
@@ -343,7 +384,7 @@ void moe_experts_case(Ops& ops, const char* model, int64_t local, int64_t hidden
 
 // Which cases a run takes: all of them, or one group (kSmallOps in 1 GB of device memory, so that a
 // profiler replaying their kernels has little memory to save and restore).
-enum class Cases { kAll, kSmallOps, kMla, kMoe, kKdaDecode };
+enum class Cases { kAll, kSmallOps, kMla, kMoe, kKdaDecode, kSkinny };
 
 int run(Cases cases) {
   std::string why;
@@ -364,6 +405,7 @@ int run(Cases cases) {
       moe_experts_case(*ops, "kimi-linear-48b", 256, 2304, 1024, 8, false, tokens, bw);
     for (int64_t tokens : {1, 8}) moe_experts_case(*ops, "kimi-k3", 224, 3584, 3072, 16, true, tokens, bw);
   }
+  if (all || cases == Cases::kSkinny) skinny_gemm_cases(*ops, bw);
   if (all || cases == Cases::kKdaDecode) {
     for (int64_t b : {1, 2, 4, 8, 16, 64}) kda_decode_cases(*ops, b, bw);
   }
@@ -387,14 +429,15 @@ int main(int argc, char** argv) {
   const std::pair<const char*, hlm::Cases> flags[] = {{"--small-ops", hlm::Cases::kSmallOps},
                                                       {"--mla", hlm::Cases::kMla},
                                                       {"--moe", hlm::Cases::kMoe},
-                                                      {"--kda-decode", hlm::Cases::kKdaDecode}};
+                                                      {"--kda-decode", hlm::Cases::kKdaDecode},
+                                                      {"--skinny", hlm::Cases::kSkinny}};
   hlm::Cases cases = hlm::Cases::kAll;
   bool known = argc == 1;
   for (const auto& [flag, c] : flags) {
     if (argc == 2 && arg == flag) cases = c, known = true;
   }
   if (!known) {
-    std::cerr << "usage: kernel_bench [--small-ops | --mla | --moe | --kda-decode]\n";
+    std::cerr << "usage: kernel_bench [--small-ops | --mla | --moe | --kda-decode | --skinny]\n";
     return 2;
   }
   try {

@@ -5,7 +5,8 @@
 // (mma.cuh), so every weight byte is read once whatever T is.
 //
 // Decomposition: CTA b takes rows [16b, 16b + 16) over the whole K; its kWarps warps split K in 64-column
-// chunks (warp w: chunks w, w + kWarps, ...), each keeping kDepth chunks of loads in flight (64 KB per CTA).
+// chunks (warp w: chunks w, w + kWarps, ...), each keeping kDepth chunks of loads in flight (both chosen
+// per launch from the grid and the SM count: pick_streaming).
 // The warps' partial sums meet in shared memory and are added in warp order (a fixed order: the result is
 // the same every run). The kernel is launched with PDL (pdl.cuh): its first weight loads go out before
 // pdl_wait(), overlapping the previous kernel's tail, since no kernel of a step writes weights.
@@ -34,8 +35,6 @@ namespace hlm::cuda {
 
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kDepth = 4;       // chunks per warp in flight
 constexpr int kChunkCols = 64;  // a chunk: 16 rows x 64 columns; lane (g, t) loads 2 runs of 8 per row
 constexpr int kMaxTokens = 16;  // two 8-column token tiles
 // Rows from which cuBLASLt takes the GEMM: its tiles stream the large matrices faster (lm_head at 4.4 TB/s,
@@ -82,7 +81,7 @@ __device__ __forceinline__ void token_words(const XT* row, int64_t col, bool ins
 // kBatched: the per-head form (grid.y batches, strided rows); the plain GEMMs compile without it, since
 // the batch offsets and strides in their address arithmetic made every decode-step GEMM slower (measured
 // on an H200 with bench --layer-split: 0.6 to 1.7 µs per call in the KDA and dense FFN sections).
-template <int kTiles, class XT, class YT, bool kGlu, bool kBatched>
+template <int kWarps, int kDepth, int kTiles, class XT, class YT, bool kGlu, bool kBatched>
 __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(SkinnyGemmParams p) {
   __shared__ float partial[kWarps][kTiles * 4][32];
   const int64_t tile = blockIdx.x;
@@ -174,28 +173,77 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(SkinnyGemmPara
   }
 }
 
-template <int kTiles, class XT, bool kGlu, bool kBatched>
-void launch_skinny_gemm_tiles(const SkinnyGemmParams& p, dim3 tiles, bool f32_out, cudaStream_t stream) {
+// How a CTA streams its tile: kWarps warps, each with kDepth chunks of loads in flight, chosen per launch
+// from the grid against the SM count (pick_streaming). Measured on an H200 with kernel_bench --skinny (each
+// call on its own copy of the weights), batch 1, against the one configuration before, 8 warps x 4 chunks
+// (102 registers, 2 CTAs per SM), in the same call:
+//  - kWide, 16 x 1 (56 registers, 2 CTAs and 32 warps per SM), up to 2 tiles per SM: o_proj [2304 x 4096]
+//    8.2 against 9.0 µs, the dense FFN's down [2304 x 9216] 16.2 against 18.6. In the sweep that chose it,
+//    many warps with one chunk each beat fewer warps with deeper queues at the same bytes in flight (o_proj:
+//    16 x 2 8.7, 8 x 2 8.2-8.7, 32 x 1 at one CTA per SM 9.7, against 7.6-8.0 for 16 x 1).
+//  - kNarrow, 8 x 1 (4 CTAs per SM, the same 32 warps), past 2 tiles per SM, so that the grid stays one
+//    wave: MLA's q|kv_a [6720 x 2304] (420 tiles) 10.2 against 11.7 (kWide: 11.1-11.4 in the sweep).
+//  - kDeep, 16 x 3 (one CTA per SM), up to 1 tile per SM: the CTA's whole slab in flight at once (48 chunks
+//    cover K = 3,072): the shared expert's gate|up with GLU [2048 x 2304] (128 tiles) 4.6 against 5.5
+//    (kWide: 4.9-5.0).
+//  - kPerHead, 8 x 2: the per-head form (W_UV, K = 512, 8 chunks per tile) 2.8 against 3.0 (kWide 2.9-3.1).
+// The 48B decode step at batch 1 (4K context): 2.74 against 2.84 ms (bench, three runs each). Measured and
+// dropped in the sweep: 8-row tiles (half the A fragment zero) so that the 144 tiles of a 2304-row matrix
+// spread more evenly over 132 SMs: o_proj 7.7-10.4 µs over four configurations, the step no faster.
+enum class Streaming { kWide, kNarrow, kDeep, kPerHead };
+
+Streaming pick_streaming(int64_t tiles, int sm_count, bool batched) {
+  if (batched) return Streaming::kPerHead;
+  if (tiles <= sm_count) return Streaming::kDeep;
+  return tiles <= 2 * static_cast<int64_t>(sm_count) ? Streaming::kWide : Streaming::kNarrow;
+}
+
+template <int kWarps, int kDepth, int kTiles, class XT, bool kGlu, bool kBatched>
+void launch_skinny_gemm_cfg(const SkinnyGemmParams& p, dim3 tiles, bool f32_out, cudaStream_t stream) {
   if constexpr (kBatched) {  // per-head products: BF16 out only
     HLM_CHECK(!f32_out, "skinny_gemm: the per-head form writes BF16");
-    launch_pdl(skinny_gemm_kernel<kTiles, XT, bf16, kGlu, true>, tiles, kWarps * 32, 0, stream, p);
+    launch_pdl(skinny_gemm_kernel<kWarps, kDepth, kTiles, XT, bf16, kGlu, true>, tiles, kWarps * 32, 0,
+               stream, p);
   } else if (f32_out) {
-    launch_pdl(skinny_gemm_kernel<kTiles, XT, float, kGlu, false>, tiles, kWarps * 32, 0, stream, p);
+    launch_pdl(skinny_gemm_kernel<kWarps, kDepth, kTiles, XT, float, kGlu, false>, tiles, kWarps * 32, 0,
+               stream, p);
   } else {
-    launch_pdl(skinny_gemm_kernel<kTiles, XT, bf16, kGlu, false>, tiles, kWarps * 32, 0, stream, p);
+    launch_pdl(skinny_gemm_kernel<kWarps, kDepth, kTiles, XT, bf16, kGlu, false>, tiles, kWarps * 32, 0,
+               stream, p);
   }
   HLM_CHECK_LAUNCH("skinny_gemm_kernel");
 }
 
-template <bool kGlu, bool kBatched = false>
-void launch_skinny_gemm(const SkinnyGemmParams& p, dim3 tiles, bool x_f32, bool f32_out,
-                        cudaStream_t stream) {
-  if (p.tokens <= 8) {
-    x_f32 ? launch_skinny_gemm_tiles<1, float, kGlu, kBatched>(p, tiles, f32_out, stream)
-          : launch_skinny_gemm_tiles<1, bf16, kGlu, kBatched>(p, tiles, f32_out, stream);
+template <int kTiles, class XT, bool kGlu, bool kBatched>
+void launch_skinny_gemm_tiles(const SkinnyGemmParams& p, dim3 tiles, Streaming s, bool f32_out,
+                              cudaStream_t stream) {
+  if constexpr (kBatched) {
+    launch_skinny_gemm_cfg<8, 2, kTiles, XT, kGlu, true>(p, tiles, f32_out, stream);
   } else {
-    x_f32 ? launch_skinny_gemm_tiles<2, float, kGlu, kBatched>(p, tiles, f32_out, stream)
-          : launch_skinny_gemm_tiles<2, bf16, kGlu, kBatched>(p, tiles, f32_out, stream);
+    switch (s) {
+      case Streaming::kDeep:
+        launch_skinny_gemm_cfg<16, 3, kTiles, XT, kGlu, false>(p, tiles, f32_out, stream);
+        break;
+      case Streaming::kNarrow:
+        launch_skinny_gemm_cfg<8, 1, kTiles, XT, kGlu, false>(p, tiles, f32_out, stream);
+        break;
+      default:
+        launch_skinny_gemm_cfg<16, 1, kTiles, XT, kGlu, false>(p, tiles, f32_out, stream);
+        break;
+    }
+  }
+}
+
+template <bool kGlu, bool kBatched = false>
+void launch_skinny_gemm(const CudaContext& ctx, const SkinnyGemmParams& p, dim3 tiles, bool x_f32,
+                        bool f32_out) {
+  const Streaming s = pick_streaming(tiles.x, ctx.sm_count(), kBatched);
+  if (p.tokens <= 8) {
+    x_f32 ? launch_skinny_gemm_tiles<1, float, kGlu, kBatched>(p, tiles, s, f32_out, ctx.stream())
+          : launch_skinny_gemm_tiles<1, bf16, kGlu, kBatched>(p, tiles, s, f32_out, ctx.stream());
+  } else {
+    x_f32 ? launch_skinny_gemm_tiles<2, float, kGlu, kBatched>(p, tiles, s, f32_out, ctx.stream())
+          : launch_skinny_gemm_tiles<2, bf16, kGlu, kBatched>(p, tiles, s, f32_out, ctx.stream());
   }
 }
 
@@ -300,8 +348,8 @@ void skinny_gemm(CudaContext& ctx, const Tensor& x, const Tensor& w, Tensor& y) 
   expect_dim(y, 0, x.dim(0), "skinny_gemm", "y [T, M]", "the token count of x");
   expect_dim(y, 1, w.dim(0), "skinny_gemm", "y [T, M]", "the row count of w");
   const SkinnyGemmParams p = skinny_params(x, w, y);
-  launch_skinny_gemm<false>(p, dim3(static_cast<unsigned>((w.dim(0) + 15) / 16)), x.dtype() == DType::kF32,
-                            y.dtype() == DType::kF32, ctx.stream());
+  launch_skinny_gemm<false>(ctx, p, dim3(static_cast<unsigned>((w.dim(0) + 15) / 16)),
+                            x.dtype() == DType::kF32, y.dtype() == DType::kF32);
 }
 
 namespace {
@@ -363,9 +411,9 @@ void head_gemv(CudaContext& ctx, const Tensor& x, const Tensor& w, bool w_transp
     p.x_batch = a;
     p.y_batch = b;
     p.tokens = static_cast<int>(tokens);
-    launch_skinny_gemm<false, true>(p,
+    launch_skinny_gemm<false, true>(ctx, p,
                                     dim3(static_cast<unsigned>((b + 15) / 16), static_cast<unsigned>(heads)),
-                                    x.dtype() == DType::kF32, y.dtype() == DType::kF32, ctx.stream());
+                                    x.dtype() == DType::kF32, y.dtype() == DType::kF32);
     return;
   }
   launch_head_rows(ctx, x, w, 0, y);
@@ -395,8 +443,8 @@ void skinny_gemm_glu(CudaContext& ctx, const Tensor& x, const Tensor& gate_up, c
   p.situ = act.kind == Activation::kSitu;
   p.situ_beta = act.situ_beta;
   p.situ_linear_beta = act.situ_linear_beta;
-  launch_skinny_gemm<true>(p, dim3(static_cast<unsigned>((gate_up.dim(0) / 2 + 7) / 8)),
-                           x.dtype() == DType::kF32, y.dtype() == DType::kF32, ctx.stream());
+  launch_skinny_gemm<true>(ctx, p, dim3(static_cast<unsigned>((gate_up.dim(0) / 2 + 7) / 8)),
+                           x.dtype() == DType::kF32, y.dtype() == DType::kF32);
 }
 
 }  // namespace hlm::cuda
