@@ -189,7 +189,10 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(SkinnyGemmPara
 //  - kPerHead, 8 x 2: the per-head form (W_UV, K = 512, 8 chunks per tile) 2.8 against 3.0 (kWide 2.9-3.1).
 // The 48B decode step at batch 1 (4K context): 2.74 against 2.84 ms (bench, three runs each). Measured and
 // dropped in the sweep: 8-row tiles (half the A fragment zero) so that the 144 tiles of a 2304-row matrix
-// spread more evenly over 132 SMs: o_proj 7.7-10.4 µs over four configurations, the step no faster.
+// spread more evenly over 132 SMs: o_proj 7.7-10.4 µs over four configurations, the step no faster. And
+// afterwards an L2 prefetch (prefetch.global.L2) of each warp's later chunks before pdl_wait, meant to
+// fill DRAM while the kernel ahead (KDA's latency-bound decode before o_proj) runs: the KDA layer 42.7 ->
+// 43.2 µs, the dense FFN 47.0-47.5 -> 49.2-49.8, K3's first four layers at batch 1 2.83 -> 2.95 ms.
 enum class Streaming { kWide, kNarrow, kDeep, kPerHead };
 
 Streaming pick_streaming(int64_t tiles, int sm_count, bool batched) {
