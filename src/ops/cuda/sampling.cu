@@ -1,7 +1,7 @@
 // Token sampling on the GPU: the same draws as ops/cpu/sampling.cc (see its comment and SampleParams in
-// ops/ops.h), without sorting the vocabulary. Three kernels:
-//  1. scan (one CTA per row): finite check and argmax (lowest index on ties); greedy and non-finite rows
-//     are answered here.
+// ops/ops.h), without sorting the vocabulary. Three steps:
+//  1. scan: finite check and argmax (lowest index on ties), in slices of kSliceItems logits per CTA, then
+//     one warp per row over its slices' winners; greedy and non-finite rows are answered here.
 //  2. weights (many CTAs per row): w_i = exp((x_i − max)·(1/T)) into a scratch row, computed in double and
 //     rounded once, so that each w_i is the correctly rounded value, which glibc's expf (within 0.502 ulp)
 //     nearly always gives too: the CPU's weights are matched bit for bit, or off by one ulp.
@@ -35,6 +35,8 @@ constexpr int64_t kMaxVocab = int64_t{1} << 23;  // 2^23 weights of at most 2^40
 constexpr int kMaxTiles = static_cast<int>(kMaxVocab / kScanTile);
 constexpr float kMassUnit = 1099511627776.0f;  // 2^40
 constexpr int kWeightThreads = 256, kWeightItems = 4;
+constexpr int kSliceThreads = 256, kSliceLoads = 16;  // the argmax scan: 4,096 logits per CTA
+constexpr int kSliceItems = kSliceThreads * kSliceLoads;
 
 struct SampleRow {
   float inv_temperature;  // 1 / T, 0 for greedy
@@ -72,20 +74,41 @@ __device__ __forceinline__ void warp_argmax(float& best_v, int& best_i) {
   }
 }
 
-__global__ void __launch_bounds__(kThreads) sample_scan_kernel(const SampleKernelParams p) {
-  __shared__ float warp_v[kWarps];
-  __shared__ int warp_i[kWarps];
-  const int64_t row = blockIdx.x;
+// A slice's winner: the first index of its largest finite logit, and whether all its logits are finite.
+struct SliceBest {
+  float v;
+  int32_t i;
+  int32_t finite;
+};
+
+// Grid (slices, R), kSliceThreads threads: CTA s takes logits [s·kSliceItems, (s + 1)·kSliceItems) of its
+// row, each thread kSliceLoads of them kSliceThreads apart, all loaded before any is compared. Measured
+// with ncu on an H200 at the 48B's 163,840 logits, batch 1: this kernel and the per-row one below 3.7 +
+// 2.5 µs, against 25.2 µs for the one CTA of 1024 threads per row that walked the row before.
+__global__ void __launch_bounds__(kSliceThreads)
+    sample_scan_slice_kernel(const SampleKernelParams p, SliceBest* slices) {
+  __shared__ float warp_v[kSliceThreads / 32];
+  __shared__ int warp_i[kSliceThreads / 32];
+  const int64_t row = blockIdx.y;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kSliceItems + threadIdx.x;
   const float* x = p.logits + row * p.vocab;
+  float v[kSliceLoads];
+#pragma unroll
+  for (int j = 0; j < kSliceLoads; ++j) {
+    const int64_t i = first + static_cast<int64_t>(j) * kSliceThreads;
+    v[j] = i < p.vocab ? x[i] : -INFINITY;
+  }
   float best_v = -INFINITY;
   int best_i = INT_MAX;
   bool finite = true;
-  for (int64_t i = threadIdx.x; i < p.vocab; i += kThreads) {
-    const float v = x[i];
-    if (!isfinite(v)) {
+#pragma unroll
+  for (int j = 0; j < kSliceLoads; ++j) {
+    const int64_t i = first + static_cast<int64_t>(j) * kSliceThreads;
+    if (i >= p.vocab) break;
+    if (!isfinite(v[j])) {
       finite = false;
-    } else if (v > best_v) {  // i increases, so the first of equal values stays
-      best_v = v;
+    } else if (v[j] > best_v) {  // i increases, so the first of equal values stays
+      best_v = v[j];
       best_i = static_cast<int>(i);
     }
   }
@@ -97,9 +120,30 @@ __global__ void __launch_bounds__(kThreads) sample_scan_kernel(const SampleKerne
   }
   finite = __syncthreads_and(finite);
   if (warp != 0) return;
-  best_v = warp_v[lane];
-  best_i = warp_i[lane];
+  best_v = lane < kSliceThreads / 32 ? warp_v[lane] : -INFINITY;
+  best_i = lane < kSliceThreads / 32 ? warp_i[lane] : INT_MAX;
   warp_argmax(best_v, best_i);
+  if (lane == 0) slices[row * gridDim.x + blockIdx.x] = SliceBest{best_v, best_i, finite ? 1 : 0};
+}
+
+// One warp per row over its `count` slice winners.
+__global__ void __launch_bounds__(32)
+    sample_scan_rows_kernel(const SampleKernelParams p, const SliceBest* slices, int count) {
+  const int64_t row = blockIdx.x;
+  const int lane = threadIdx.x;
+  float best_v = -INFINITY;
+  int best_i = INT_MAX;
+  bool finite = true;
+  for (int s = lane; s < count; s += 32) {
+    const SliceBest b = slices[row * count + s];
+    finite = finite && b.finite != 0;
+    if (b.v > best_v || (b.v == best_v && b.i < best_i)) {
+      best_v = b.v;
+      best_i = b.i;
+    }
+  }
+  warp_argmax(best_v, best_i);
+  finite = __all_sync(0xffffffffu, finite);
   if (lane != 0) return;
   const bool greedy = p.rows[row].greedy != 0;
   p.state[row] = RowState{best_v, best_i, finite && !greedy ? 1 : 0};
@@ -364,8 +408,14 @@ std::vector<int32_t> sample(CudaContext& ctx, const Tensor& logits, const std::v
                        vocab,
                        padded};
   const unsigned grid_rows = static_cast<unsigned>(num_rows);
-  sample_scan_kernel<<<grid_rows, kThreads, 0, ctx.stream()>>>(p);
-  HLM_CHECK_LAUNCH("sample_scan");
+  const int64_t slices = (vocab + kSliceItems - 1) / kSliceItems;
+  Tensor slice_best = ctx.empty({num_rows * slices * static_cast<int64_t>(sizeof(SliceBest))}, DType::kU8);
+  auto* sb = static_cast<SliceBest*>(slice_best.raw());
+  sample_scan_slice_kernel<<<dim3(static_cast<unsigned>(slices), grid_rows), kSliceThreads, 0,
+                             ctx.stream()>>>(p, sb);
+  HLM_CHECK_LAUNCH("sample_scan_slice");
+  sample_scan_rows_kernel<<<grid_rows, 32, 0, ctx.stream()>>>(p, sb, static_cast<int>(slices));
+  HLM_CHECK_LAUNCH("sample_scan_rows");
   if (any_sampled) {
     Tensor weights = ctx.empty({num_rows, padded}, DType::kF32);  // [R, V8]
     p.weights = weights.data<float>();
