@@ -54,9 +54,13 @@ TEST_F(CudaDense, LinearMatchesInBf16AndF32) {
   HLM_GPU_OR_SKIP(gpu);
   // Up to 16 tokens with BF16 weights take the weight-streaming kernel (skinny_gemm.cu): row counts off
   // the 16-row tile, K off the 64-column chunk and long K (more chunks than its warps keep in flight).
+  // Its streaming configuration follows the tiles per SM (pick_streaming: at most 1, at most 2, more): on a
+  // GPU of 100 to 199 SMs (an H200 has 132), 3,200 rows (200 tiles) take the second, 6,720 (420) the third,
+  // the smaller shapes the first.
   for (auto [t, in, out] :
        {std::tuple{1, 64, 96}, std::tuple{37, 2304, 520}, std::tuple{150, 128, 16}, std::tuple{5, 2312, 1027},
-        std::tuple{16, 200, 72}, std::tuple{9, 4096, 40}, std::tuple{3, 8, 3}}) {
+        std::tuple{16, 200, 72}, std::tuple{9, 4096, 40}, std::tuple{3, 8, 3}, std::tuple{1, 2304, 3200},
+        std::tuple{9, 1000, 3200}, std::tuple{3, 2304, 6720}, std::tuple{16, 520, 6720}}) {
     Tensor x = round_bf16(random_f32({t, in}, rng_));
     Tensor w = round_bf16(random_f32({out, in}, rng_, -0.1f, 0.1f));
     Tensor want = cpu_->linear(x, w);
@@ -75,8 +79,10 @@ TEST_F(CudaDense, LinearMatchesInBf16AndF32) {
 // off the 8-row tile; 17 tokens take linear + glu_packed. Both against the CPU's definition.
 TEST_F(CudaDense, LinearGluMatchesCpu) {
   HLM_GPU_OR_SKIP(gpu);
-  for (auto [t, in, inter] :
-       {std::tuple{1, 2304, 1024}, std::tuple{5, 64, 20}, std::tuple{16, 200, 36}, std::tuple{17, 96, 24}}) {
+  // I = 1,600 and 3,000 (200 and 375 tiles of 8 gate rows) take the other two streaming configurations on
+  // an H200 (see LinearMatchesInBf16AndF32).
+  for (auto [t, in, inter] : {std::tuple{1, 2304, 1024}, std::tuple{5, 64, 20}, std::tuple{16, 200, 36},
+                              std::tuple{17, 96, 24}, std::tuple{2, 2304, 1600}, std::tuple{9, 1024, 3000}}) {
     Tensor x = round_bf16(random_f32({t, in}, rng_));
     Tensor w = round_bf16(random_f32({2 * inter, in}, rng_, -0.2f, 0.2f));
     for (Activation kind : {Activation::kSilu, Activation::kSitu}) {
