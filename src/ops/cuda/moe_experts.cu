@@ -351,11 +351,11 @@ struct ExpertGemmParams {
 // chunk's count are skipped). The kSplit partial accumulators meet in shared memory and are summed in
 // warp order; the epilogue writes act(gate)·up as bf16 (kGateUp) or the fp32 down projection, one value
 // per (pair, row). Shared memory: the partials, kMats·kSplit·kTiles·4·32 floats (16 KB at most).
-// Measured on an H200 and dropped (kernel_bench --moe against this kernel, one call): the down GEMM reading
-// the list and issuing its first weight loads before pdl_wait() (allowed: gate/up writes neither), faster
-// at no batch (48B: the same at 8 tokens, 1-2% slower at 32 and 64; K3 3% slower at 8), its early loads
-// competing with gate/up's last CTAs; and each CTA forming its own slot of the list from idx up to 32
-// pairs instead of build_small_work_list_kernel's launch, 39.7 against 38.8 µs at batch 1 (48B) and 130
+// Measured on an H200 and dropped (kernel_bench --moe against this kernel, one call): the down GEMM issuing
+// its first weight loads before pdl_wait() as well as reading its list there (allowed: gate/up writes
+// neither), faster at no batch (48B: the same at 8 tokens, 1-2% slower at 32 and 64; K3 3% slower at 8), its
+// early loads competing with gate/up's last CTAs; and each CTA forming its own slot of the list from idx up
+// to 32 pairs instead of build_small_work_list_kernel's launch, 39.7 against 38.8 µs at batch 1 (48B) and 130
 // against 120 µs (K3), in a build whose loop restructuring also cost the generic kernels 3% at 32 tokens.
 template <WFormat F, class XT, int kTiles, bool kGateUp, int kSplit = kSplitK>
 __device__ __forceinline__ void expert_gemm(const ExpertGemmParams& p) {

@@ -6,13 +6,16 @@
 //  - before pdl_wait() it may only read memory that the kernel just before it on the stream does not
 //    write, and write nothing. Every kernel before that one has completed by then (that one waited for
 //    it before triggering, below), so this covers weights (skinny_gemm.cu issues its first weight loads
-//    there), host-written metadata, and a layer's own state that only its kernels of earlier steps write
-//    (kda_decode.cu loads its recurrent state there). Such loads are not free: they compete with the
-//    predecessor's last loads, and they made the routed experts' down GEMM and the router logits slower
-//    on an H200 (moe_experts.cu, moe_route.cu), so each use is measured;
-//  - every thread calls pdl_wait() before it reads an activation or writes anything. pdl_wait() returns
-//    once the predecessor grid has completed and its writes are visible (and that grid waited for its own
-//    predecessor the same way), so everything earlier on the stream is done.
+//    there), host-written metadata, a layer's own state that only its kernels of earlier steps write
+//    (kda_decode.cu loads its recurrent state there), and activations written two or more launches back
+//    (moe_experts.cu: the down GEMM reads its work list there, the combine its routing and the shared
+//    experts' output). Such loads are not free: they compete with the predecessor's last loads, and early
+//    weight loads made the routed experts' down GEMM and the router logits slower on an H200
+//    (moe_experts.cu, moe_route.cu), so each use is measured;
+//  - every thread calls pdl_wait() before it reads what the kernel just before it writes, and before it
+//    writes anything. pdl_wait() returns once the predecessor grid has completed and its writes are
+//    visible (and that grid waited for its own predecessor the same way), so everything earlier on the
+//    stream is done.
 // pdl_trigger() lets the dependent grid be scheduled early (the dependent still waits for this grid's
 // completion), and costs nothing when no PDL launch follows. It comes after pdl_wait(): a kernel that
 // triggered before waiting would let its dependent trigger too, and a chain of waiting grids could pile
