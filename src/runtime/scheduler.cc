@@ -186,6 +186,9 @@ std::vector<SeqOutput> Scheduler::step() {
     outputs.push_back(std::move(out));
   }
   for (int64_t id : finished) cancel(id);
+  // A finished sequence's slot and pages go back before its last token is handed out, so whoever sees
+  // that token (a server client reading the KV gauges next) sees them free.
+  release_ended();
   return outputs;
 }
 

@@ -57,7 +57,8 @@ class Scheduler {
   void cancel(int64_t id);
 
   bool has_work() const;
-  // One engine step (plus the release of sequences that ended); the token each sequence produced.
+  // One engine step (plus the release of sequences that ended, those it finishes included); the token each
+  // sequence produced.
   std::vector<SeqOutput> step();
 
   int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
@@ -89,8 +90,10 @@ class Scheduler {
   SchedulerOptions options_;
   int64_t pages_total_ = 0;
   std::deque<Seq> waiting_;
-  std::vector<Seq> running_;    // oldest first: prompt chunks go in this order
-  std::vector<int64_t> ended_;  // started sequences to release at the start of the next step
+  std::vector<Seq> running_;  // oldest first: prompt chunks go in this order
+  // Started sequences to release: at the end of the step that finished them, or (cancelled) at the start
+  // of the next step.
+  std::vector<int64_t> ended_;
 };
 
 }  // namespace hlm

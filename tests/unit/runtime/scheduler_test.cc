@@ -127,6 +127,25 @@ TEST_F(SchedulerTest, CancelFreesTheSlotAndPagesAtTheNextStep) {
   EXPECT_FALSE(s.has_work());
 }
 
+// The step that gives a sequence its last token also gives back its slot and pages (the server publishes its
+// KV gauges right after a step, before the tokens go out).
+TEST_F(SchedulerTest, AFinishedSequenceIsReleasedByTheStepThatFinishesIt) {
+  make(EngineOptions{16, 2, 256});
+  Scheduler s(runner_->engine(), SchedulerOptions{2, 64});
+  s.add(0, greedy(1, 3));
+  bool finished = false;
+  while (!finished) {
+    ASSERT_TRUE(s.has_work());
+    for (const SeqOutput& o : s.step()) finished = finished || o.finish != FinishReason::kNone;
+    if (!finished) {
+      EXPECT_LT(s.pages_free(), s.pages_total());
+    }
+  }
+  EXPECT_EQ(s.pages_free(), s.pages_total());
+  EXPECT_EQ(runner_->engine().kv().free_slots(), 2);
+  EXPECT_FALSE(s.has_work());
+}
+
 TEST_F(SchedulerTest, StopIdsEndASequenceAndAreReported) {
   make(EngineOptions{16, 2, 256});
   Scheduler s(runner_->engine(), SchedulerOptions{2, 64});
