@@ -4,7 +4,8 @@
 // in one CUDA graph and the graph replayed (time per call, so launch gaps count as they do inside a decode
 // step); a prefill op runs eagerly. Inputs are random values generated on the GPU. Prints one JSON object per
 // case: the op, the shape, the median time and the bytes the op must move over the copy bandwidth measured in
-// the same process. --small-ops, --mla, --moe, --kda-decode and --skinny run one group of cases alone.
+// the same process. --small-ops, --mla, --moe, --moe-prefill, --kda-decode, --kda-prefill and --skinny run
+// one group of cases alone.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -315,7 +316,8 @@ void mla_decode_case(Ops& ops, int64_t batch, int64_t heads, int64_t keys, doubl
         t, bytes, bw);
 }
 
-// The routed experts alone (moe_experts: work list, gate|up, down, combine) at a decode batch of `tokens`,
+// The routed experts alone (moe_experts: work list, gate|up, down, combine) at a batch of `tokens` (a
+// decode batch, or a prefill chunk with --moe-prefill, where tflop_s counts 6·T·k·D·I FLOPs),
 // each token routed to top_k distinct experts drawn at random. Every call of the captured graph takes
 // another routing (kCalls of them), so a call's experts are not left in L2 by the call before, as in a
 // decode step, where each layer has its own experts. Bytes: the distinct experts of the call's routing,
@@ -378,13 +380,14 @@ void moe_experts_case(Ops& ops, const char* model, int64_t local, int64_t hidden
          {"intermediate", inter},
          {"top_k", top_k},
          {"weights", mxfp4 ? "mxfp4" : "bf16"},
-         {"experts_touched", touched}},
+         {"experts_touched", touched},
+         {"tflop_s", 6.0 * static_cast<double>(tokens * top_k * hidden * inter) / t / 1e12}},
         t, touched * expert_bytes, bw);
 }
 
 // Which cases a run takes: all of them, or one group (kSmallOps in 1 GB of device memory, so that a
 // profiler replaying their kernels has little memory to save and restore).
-enum class Cases { kAll, kSmallOps, kMla, kMoe, kKdaDecode, kSkinny };
+enum class Cases { kAll, kSmallOps, kMla, kMoe, kMoePrefill, kKdaDecode, kKdaPrefill, kSkinny };
 
 int run(Cases cases) {
   std::string why;
@@ -405,11 +408,15 @@ int run(Cases cases) {
       moe_experts_case(*ops, "kimi-linear-48b", 256, 2304, 1024, 8, false, tokens, bw);
     for (int64_t tokens : {1, 8}) moe_experts_case(*ops, "kimi-k3", 224, 3584, 3072, 16, true, tokens, bw);
   }
+  if (all || cases == Cases::kMoePrefill) {
+    for (int64_t tokens : {256, 512, 1024, 2048, 8192})
+      moe_experts_case(*ops, "kimi-linear-48b", 256, 2304, 1024, 8, false, tokens, bw);
+  }
   if (all || cases == Cases::kSkinny) skinny_gemm_cases(*ops, bw);
   if (all || cases == Cases::kKdaDecode) {
     for (int64_t b : {1, 2, 4, 8, 16, 64}) kda_decode_cases(*ops, b, bw);
   }
-  if (all) {
+  if (all || cases == Cases::kKdaPrefill) {
     for (int64_t b : {1, 4}) {
       for (int64_t t : {8192, 65536}) kda_prefill_case(*ops, b, t, bw);
     }
@@ -429,7 +436,9 @@ int main(int argc, char** argv) {
   const std::pair<const char*, hlm::Cases> flags[] = {{"--small-ops", hlm::Cases::kSmallOps},
                                                       {"--mla", hlm::Cases::kMla},
                                                       {"--moe", hlm::Cases::kMoe},
+                                                      {"--moe-prefill", hlm::Cases::kMoePrefill},
                                                       {"--kda-decode", hlm::Cases::kKdaDecode},
+                                                      {"--kda-prefill", hlm::Cases::kKdaPrefill},
                                                       {"--skinny", hlm::Cases::kSkinny}};
   hlm::Cases cases = hlm::Cases::kAll;
   bool known = argc == 1;
@@ -437,7 +446,8 @@ int main(int argc, char** argv) {
     if (argc == 2 && arg == flag) cases = c, known = true;
   }
   if (!known) {
-    std::cerr << "usage: kernel_bench [--small-ops | --mla | --moe | --kda-decode | --skinny]\n";
+    std::cerr << "usage: kernel_bench [--small-ops | --mla | --moe | --moe-prefill | --kda-decode | "
+                 "--kda-prefill | --skinny]\n";
     return 2;
   }
   try {

@@ -373,9 +373,9 @@ TEST(CudaMoe, ExpertsKimiLinearAndK3Shapes) {
   auto cpu = make_cpu_ops();
   std::mt19937 rng(51);
   // A few experts of the model on this rank (expert parallelism). Kimi Linear: 6 of 256 BF16 experts,
-  // hidden 2304, intermediate 1024, top-8, SiLU; half the slots land here, so at T = 64 an expert gets ~40
-  // tokens, more than one 32-token pass. K3: 4 of 896 MXFP4 experts in the latent width 3584, intermediate
-  // 3072, top-16, SiTU.
+  // hidden 2304, intermediate 1024, top-8, SiLU; half the slots land here, so at T = 512 an expert gets
+  // ~340 pairs (three 128-pair tiles). K3: 4 of 896 MXFP4 experts in the latent width 3584, intermediate
+  // 3072, top-16, SiTU; at T = 64 an expert gets ~64 tokens, more than one 32-token pass.
   struct Shape {
     int64_t hidden, inter, local, begin, total, k;
     double local_share;
@@ -386,8 +386,11 @@ TEST(CudaMoe, ExpertsKimiLinearAndK3Shapes) {
                          Shape{3584, 3072, 4, 892, 896, 16, 0.25, true, Activation::kSitu}}) {
     const Experts ex = s.mxfp4 ? mxfp4_experts(*gpu, s.local, s.inter, s.hidden, 118, 122, 118, 122, rng)
                                : dense_experts(*gpu, s.local, s.inter, s.hidden, DType::kBF16, rng);
-    // T = 1 (8 or 16 pairs): the one-warp work list; T = 16 and 64: the 1024-thread one.
-    for (int64_t rows : {1, 16, 64}) {
+    // T = 1 (8 or 16 pairs): the one-warp work list; larger T: the 1024-thread one. BF16 at T = 20: the
+    // 32-token streaming kernel; at T = 512 (4,096 pairs, at least 32 per local expert): the tiled GEMMs.
+    const std::vector<int64_t> batches =
+        s.mxfp4 ? std::vector<int64_t>{1, 16, 64} : std::vector<int64_t>{1, 16, 20, 512};
+    for (int64_t rows : batches) {
       Tensor x = round_bf16(random_f32({rows, s.hidden}, rng));
       Tensor idx = random_routing(rows, s.k, s.total, s.begin, s.local, s.local_share, rng);
       Tensor weights = random_f32({rows, s.k}, rng, 0.1f, 1.5f);
@@ -535,6 +538,39 @@ TEST(CudaMoe, ExpertsEdgeRoutings) {
       expect_experts_match(*gpu, *cpu, x, idx, random_f32({1, 2}, rng, 0.1f, 1.5f), ex, 0, silu, DType::kBF16,
                            "single token" + fmt);
     }
+  }
+}
+
+// Prefill-sized batches (at least 32 pairs per local expert, BF16 weights and x) take the tiled GEMMs
+// (moe_tiled_gemm.cu): an expert with several 128-pair tiles and a partial last one, experts with a few
+// pairs, a token listing one expert twice, tokens with no expert on this rank, SiLU and SiTU; and the same
+// batch with F32 x, which takes the streaming kernels.
+TEST(CudaMoe, ExpertsPrefillBatchesTiled) {
+  HLM_GPU_OR_SKIP(gpu);
+  auto cpu = make_cpu_ops();
+  std::mt19937 rng(59);
+  const int64_t hidden = 256, inter = 128, local = 6, begin = 2, k = 3, rows = 400;
+  const Experts ex = dense_experts(*gpu, local, inter, hidden, DType::kBF16, rng);
+  // Slot 0: expert 2 (local 0) for 300 tokens (3 tiles, the last partial), else a non-local expert; slot
+  // 1: local experts 1..3 in turn up to token 350, token 7 repeating slot 0's expert, then non-local;
+  // slot 2: local 5 for every 20th token, else non-local (so tokens 350..399 but 360 and 380 have none).
+  std::vector<int32_t> ids;
+  for (int64_t t = 0; t < rows; ++t) {
+    const int32_t first = t < 300 ? 2 : static_cast<int32_t>(t % 2);
+    ids.push_back(first);
+    ids.push_back(t == 7 ? first : static_cast<int32_t>(t < 350 ? begin + 1 + t % 3 : 20 + t % 3));
+    ids.push_back(t % 20 == 0 ? static_cast<int32_t>(begin + 5) : static_cast<int32_t>(10 + t % 5));
+  }
+  const Tensor idx = Tensor::from_vector_i32({rows, k}, ids);
+  const Tensor x = round_bf16(random_f32({rows, hidden}, rng));
+  const Tensor weights = random_f32({rows, k}, rng, 0.1f, 1.5f);
+  ActivationParams situ = activation(Activation::kSitu);
+  situ.situ_beta = 2.0f;
+  situ.situ_linear_beta = 3.0f;
+  for (const ActivationParams& act : {activation(Activation::kSilu), situ}) {
+    const std::string what = act.kind == Activation::kSitu ? "SiTU" : "SiLU";
+    expect_experts_match(*gpu, *cpu, x, idx, weights, ex, begin, act, DType::kBF16, what + ", tiled");
+    expect_experts_match(*gpu, *cpu, x, idx, weights, ex, begin, act, DType::kF32, what + ", F32 x");
   }
 }
 

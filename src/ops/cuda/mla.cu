@@ -25,6 +25,7 @@
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/cuda_kernels.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/mma.cuh"
 #include "ops/cuda/pdl.cuh"
 
 namespace hlm::cuda {
@@ -84,22 +85,7 @@ struct MlaParams {
   float scale;
 };
 
-// --- warp-level tensor-core primitives ------------------------------------------------------
-// Four 8x8 b16 matrices; lane l gives the address of row (l & 7) of matrix (l >> 3); register i holds, in
-// each lane, row lane/4 and columns 2·(lane%4) + {0, 1} of matrix i (with .trans: of its transpose).
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p))
-               : "memory");
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p))
-               : "memory");
-}
-
+// --- warp-level tensor-core primitives (ldsm_x4 and ldsm_x4_trans: mma.cuh) ----------------------------
 // d += a·b for a 16x16 (row-major) bf16 tile a and a 16x8 (column-major) bf16 tile b, fp32 accumulators.
 // Fragments (g = lane/4, c = 2·(lane%4)): a = {(g, c..c+1), (g+8, c..), (g, c+8..), (g+8, c+8..)},
 // b = {(k c..c+1, n g), (k c+8..c+9, n g)}, d = {(g, c), (g, c+1), (g+8, c), (g+8, c+1)}.

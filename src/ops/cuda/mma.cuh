@@ -1,8 +1,10 @@
-// Tensor-core fragments shared by the weight-streaming GEMMs (moe_experts.cu, skinny_gemm.cu): the
-// mma.sync m16n8k16 wrapper and the streaming weight load.
+// Tensor-core fragments shared by the GEMMs (moe_experts.cu, moe_tiled_gemm.cu, skinny_gemm.cu, mla.cu):
+// the mma.sync m16n8k16 wrapper, the shared-memory fragment loads and the streaming weight load.
 #pragma once
 
 #include <cstdint>
+
+#include "ops/cuda/async_copy.cuh"
 
 namespace hlm::cuda {
 
@@ -18,6 +20,21 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
       "{%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 b16 matrices; lane l gives the address of row (l & 7) of matrix (l >> 3); register i holds, in
+// each lane, row lane/4 and columns 2·(lane%4) + {0, 1} of matrix i (with .trans: of its transpose).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
 }
 
 // Weights are read once: through L2 without allocating in L1, which keeps the token rows there.

@@ -10,8 +10,10 @@
 //     h rows of the expert's pairs, in fp32 into y [T·k, D].
 //  4. combine_kernel: out[t] = Σ_j w[t, j] · y[t·k + j] over the slots with a local expert, in slot
 //     order: a fixed order, no atomics, so the result is the same every run.
-// The GEMMs are weight-streaming tensor-core kernels (mma.sync m16n8k16, bf16 in, fp32 accumulate) with the
-// weights as the 16-row A side and the expert's tokens as the 8-column B side: each touched expert's
+// Prefill-sized batches with BF16 weights (at least kTiledMinPairsPerExpert pairs per local expert) run
+// steps 2 and 3 as tiled GEMMs instead (moe_tiled_gemm.cu), on the same list and into the same h and y.
+// The GEMMs here are weight-streaming tensor-core kernels (mma.sync m16n8k16, bf16 in, fp32 accumulate) with
+// the weights as the 16-row A side and the expert's tokens as the 8-column B side: each touched expert's
 // weights are read once per step whatever the number of tokens routed to it (up to 32 tokens; beyond
 // that the token chunks re-read the rows, from L2 when they fit). Dense BF16 or F32 weights (F32 rounded
 // to bf16 as it is loaded) and MXFP4 codes (dequantized in registers) share the kernel.
@@ -21,6 +23,7 @@
 #include "ops/cuda/cuda_kernels.h"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/mma.cuh"
+#include "ops/cuda/moe_work_list.cuh"
 #include "ops/cuda/pdl.cuh"
 
 namespace hlm::cuda {
@@ -33,19 +36,15 @@ constexpr int kExpertsPerThread = 4;  // local experts each work-list thread sca
 constexpr int kMaxLocalExperts = kListThreads * kExpertsPerThread;
 constexpr int kCombineThreads = 256;
 constexpr int kCombineMaxSlots = 16;  // top_k up to this (K3: 16) takes combine_kernel's unrolled path
+// Batches of at least this many pairs per local expert (on average) take the tiled GEMMs
+// (moe_tiled_gemm.cu) where they apply. Measured on an H200 (kernel_bench --moe-prefill, the 48B's 256
+// experts): at 1,024 tokens (32 pairs per expert) 1.45 ms against 2.46 for the streaming kernels, at
+// 8,192 tokens 4.17 against 19.1 ms.
+constexpr int64_t kTiledMinPairsPerExpert = 32;
 
 enum class WFormat { kBf16, kF32, kMxfp4 };
 
-// --- work list -------------------------------------------------------------------------------------------
-// Fixed-capacity device buffers: max_active = min(E_l, T·k) slots, T·k entries.
-struct WorkList {
-  int32_t* num_active;     // [1]
-  int32_t* active_expert;  // [max_active] local expert of each active slot, ascending
-  int32_t* active_begin;   // [max_active] first entry of its segment
-  int32_t* active_count;   // [max_active] entries in its segment (>= 1)
-  int32_t* entries;        // [T·k] pairs t·k + j, grouped by local expert
-};
-
+// --- work list (WorkList: moe_work_list.cuh) ---------------------------------------------------------------
 struct WorkListParams {
   const int32_t* idx;  // [T·k] global expert ids
   int64_t pairs;       // T·k
@@ -669,6 +668,56 @@ void check_mxfp4(const Tensor& codes, const Tensor& scale, int64_t local, int64_
             codes.describe(), scale.describe(), local, rows, cols);
 }
 
+// Steps 2 and 3 with the weight-streaming GEMMs: h = act(gate x)·up x, then y = down h, per pair.
+void launch_streaming_experts(WFormat format, const Tensor& x, const ExpertWeights& ew, const WorkList& list,
+                              Tensor& h, Tensor& y, int64_t top_k, const ActivationParams& act,
+                              int64_t max_active, cudaStream_t stream) {
+  const bool mxfp4 = format == WFormat::kMxfp4;
+  const bool x_bf16 = x.dtype() == DType::kBF16;
+  const int64_t rows = x.dim(0), hidden = x.dim(1), inter = ew.gate.dim(1);
+  ExpertGemmParams gate_up{};
+  gate_up.w = ew.gate.raw();
+  gate_up.w_up = ew.up.raw();
+  gate_up.w_scale = mxfp4 ? ew.gate_scale.data<uint8_t>() : nullptr;
+  gate_up.w_up_scale = mxfp4 ? ew.up_scale.data<uint8_t>() : nullptr;
+  gate_up.in = x.raw();
+  gate_up.out = h.raw();
+  gate_up.list = list;
+  gate_up.rows = inter;
+  gate_up.cols = hidden;
+  gate_up.top_k = static_cast<int>(top_k);
+  gate_up.situ = act.kind == Activation::kSitu;
+  gate_up.situ_beta = act.situ_beta;
+  gate_up.situ_linear_beta = act.situ_linear_beta;
+  ExpertGemmParams down = gate_up;
+  down.w = ew.down.raw();
+  down.w_up = nullptr;
+  down.w_scale = mxfp4 ? ew.down_scale.data<uint8_t>() : nullptr;
+  down.w_up_scale = nullptr;
+  down.in = h.raw();
+  down.out = y.raw();
+  down.rows = hidden;
+  down.cols = inter;
+
+  switch (format) {
+    case WFormat::kBf16:
+      x_bf16 ? launch_expert_gemm<WFormat::kBf16, bf16, true>(gate_up, rows, max_active, stream)
+             : launch_expert_gemm<WFormat::kBf16, float, true>(gate_up, rows, max_active, stream);
+      launch_expert_gemm<WFormat::kBf16, bf16, false>(down, rows, max_active, stream);
+      break;
+    case WFormat::kF32:
+      x_bf16 ? launch_expert_gemm<WFormat::kF32, bf16, true>(gate_up, rows, max_active, stream)
+             : launch_expert_gemm<WFormat::kF32, float, true>(gate_up, rows, max_active, stream);
+      launch_expert_gemm<WFormat::kF32, bf16, false>(down, rows, max_active, stream);
+      break;
+    case WFormat::kMxfp4:
+      x_bf16 ? launch_expert_gemm<WFormat::kMxfp4, bf16, true>(gate_up, rows, max_active, stream)
+             : launch_expert_gemm<WFormat::kMxfp4, float, true>(gate_up, rows, max_active, stream);
+      launch_expert_gemm<WFormat::kMxfp4, bf16, false>(down, rows, max_active, stream);
+      break;
+  }
+}
+
 }  // namespace
 
 Tensor moe_experts(CudaContext& ctx, const Tensor& x, const Tensor& idx, const Tensor& weights,
@@ -733,7 +782,11 @@ Tensor moe_experts(CudaContext& ctx, const Tensor& x, const Tensor& idx, const T
   }
   const int64_t pairs = rows * top_k;
   const int64_t max_active = std::min(local, pairs);
-  Tensor meta = ctx.empty({1 + 3 * max_active + pairs}, DType::kI32);
+  const bool x_bf16 = x.dtype() == DType::kBF16;
+  const bool tiled = format == WFormat::kBf16 && x_bf16 && tiled_experts_fit(hidden, inter) &&
+                     pairs >= kTiledMinPairsPerExpert * local;
+  const int64_t list_ints = 1 + 3 * max_active + pairs;
+  Tensor meta = ctx.empty({list_ints + (tiled ? tile_table_ints(pairs, max_active) : 0)}, DType::kI32);
   int32_t* m = meta.data<int32_t>();
   const WorkList list{m, m + 1, m + 1 + max_active, m + 1 + 2 * max_active, m + 1 + 3 * max_active};
   const WorkListParams lp{idx.data<int32_t>(), pairs, expert_begin, static_cast<int>(local), list};
@@ -746,48 +799,26 @@ Tensor moe_experts(CudaContext& ctx, const Tensor& x, const Tensor& idx, const T
 
   Tensor h = ctx.empty({pairs, inter}, DType::kBF16);  // [T·k, I] act(gate)·up per pair
   Tensor y = ctx.empty({pairs, hidden}, DType::kF32);  // [T·k, D] expert output per pair
-  ExpertGemmParams gate_up{};
-  gate_up.w = ew.gate.raw();
-  gate_up.w_up = ew.up.raw();
-  gate_up.w_scale = mxfp4 ? ew.gate_scale.data<uint8_t>() : nullptr;
-  gate_up.w_up_scale = mxfp4 ? ew.up_scale.data<uint8_t>() : nullptr;
-  gate_up.in = x.raw();
-  gate_up.out = h.raw();
-  gate_up.list = list;
-  gate_up.rows = inter;
-  gate_up.cols = hidden;
-  gate_up.top_k = static_cast<int>(top_k);
-  gate_up.situ = act.kind == Activation::kSitu;
-  gate_up.situ_beta = act.situ_beta;
-  gate_up.situ_linear_beta = act.situ_linear_beta;
-  ExpertGemmParams down = gate_up;
-  down.w = ew.down.raw();
-  down.w_up = nullptr;
-  down.w_scale = mxfp4 ? ew.down_scale.data<uint8_t>() : nullptr;
-  down.w_up_scale = nullptr;
-  down.in = h.raw();
-  down.out = y.raw();
-  down.rows = hidden;
-  down.cols = inter;
-
-  const bool x_bf16 = x.dtype() == DType::kBF16;
   cudaStream_t stream = ctx.stream();
-  switch (format) {
-    case WFormat::kBf16:
-      x_bf16 ? launch_expert_gemm<WFormat::kBf16, bf16, true>(gate_up, rows, max_active, stream)
-             : launch_expert_gemm<WFormat::kBf16, float, true>(gate_up, rows, max_active, stream);
-      launch_expert_gemm<WFormat::kBf16, bf16, false>(down, rows, max_active, stream);
-      break;
-    case WFormat::kF32:
-      x_bf16 ? launch_expert_gemm<WFormat::kF32, bf16, true>(gate_up, rows, max_active, stream)
-             : launch_expert_gemm<WFormat::kF32, float, true>(gate_up, rows, max_active, stream);
-      launch_expert_gemm<WFormat::kF32, bf16, false>(down, rows, max_active, stream);
-      break;
-    case WFormat::kMxfp4:
-      x_bf16 ? launch_expert_gemm<WFormat::kMxfp4, bf16, true>(gate_up, rows, max_active, stream)
-             : launch_expert_gemm<WFormat::kMxfp4, float, true>(gate_up, rows, max_active, stream);
-      launch_expert_gemm<WFormat::kMxfp4, bf16, false>(down, rows, max_active, stream);
-      break;
+  if (tiled) {
+    const TiledExpertsParams tp{ew.gate.raw(),
+                                ew.up.raw(),
+                                ew.down.raw(),
+                                x.raw(),
+                                h.raw(),
+                                y.raw(),
+                                list,
+                                pairs,
+                                max_active,
+                                hidden,
+                                inter,
+                                static_cast<int>(top_k),
+                                act.kind == Activation::kSitu,
+                                act.situ_beta,
+                                act.situ_linear_beta};
+    launch_tiled_experts(tp, m + list_ints, stream);
+  } else {
+    launch_streaming_experts(format, x, ew, list, h, y, top_k, act, max_active, stream);
   }
 
   const CombineParams cp{y.data<float>(),

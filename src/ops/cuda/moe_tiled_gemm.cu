@@ -1,0 +1,269 @@
+// Routed experts for prefill-sized batches: the expert GEMMs as tiled tensor-core GEMMs over the
+// expert-major work list (moe_work_list.cuh), for BF16 weights. moe_experts.cu's weight-streaming kernels
+// take at most 32 tokens per pass over an expert's rows, so an 8K-token prefill (about 256 pairs per
+// expert of the 48B model) re-read every expert's weights 8 times and ran at 1.7 TB/s (58% of the
+// prefill under ncu on an H200, docs/benchmarks.md); here each CTA keeps a 128-pair tile of the expert's
+// token rows against a 128-row tile of its weights, so the math, not the weight stream, sets the pace.
+//
+// Decomposition: a one-CTA kernel numbers the tiles (the active experts' pair counts are known only on the
+// device): tile g belongs to slot tile_slot[g] and covers its pairs from (g − first_tile[slot])·128. Grid
+// (weight-row tiles, an upper bound of the pair tiles); a CTA past the count exits. 8 warps, 2 along the
+// pairs by 4 along the weight rows, each 64 pairs x 32 rows as 4 x 4 mma.sync m16n8k16 tiles (bf16 in,
+// fp32 accumulate); K in 64-column stages, a ring of three in shared memory filled by cp.async (the pair
+// rows gathered through a per-row source offset), two stages in flight while one is in the math. Measured
+// on an H200 (kernel_bench --moe-prefill, 48B experts, 8,192 tokens): 64-column stages 4.14-4.17 ms in
+// rings of 2 or 3, 32-column stages 4.48-4.52 ms in rings of 3 or 4.
+// Gate/up: the 128 rows are 64 gate rows and the same 64 up rows, and each warp's 32 are 16 of each, so a
+// thread holds gate and up of the same (pair, row) and writes act(gate)·up as bf16 to h. Down: y rows in
+// fp32. The combine (moe_experts.cu) then sums each token's slots in slot order, as for decode.
+#include "ops/cuda/cuda_kernels.h"
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/mma.cuh"
+#include "ops/cuda/moe_work_list.cuh"
+#include "ops/cuda/pdl.cuh"
+
+namespace hlm::cuda {
+
+namespace {
+
+constexpr int kTileM = 128;    // pairs per tile
+constexpr int kTileN = 128;    // weight rows per tile (gate/up: 64 gate rows, then the same 64 up rows)
+constexpr int kTileK = 64;     // columns per stage
+constexpr int kStages = 3;     // ring of stages in shared memory
+constexpr int kThreads = 256;  // 8 warps: 2 along M x 4 along N
+constexpr int kLd =
+    kTileK + 8;  // bf16 row stride in shared memory: 144-byte rows keep ldmatrix conflict-free
+constexpr size_t kStageBytes = size_t{2} * kTileM * kLd * sizeof(bf16);  // A (pair rows), then B (weights)
+constexpr size_t kSmemBytes = kStages * kStageBytes;                     // 110,592: two CTAs per SM
+constexpr int kChunksPerThread = kTileM * (kTileK / 8) / kThreads;       // 16-byte copies of A (and of B)
+static_assert(kTileM == kTileN && kChunksPerThread * kThreads == kTileM * kTileK / 8, "copy mapping");
+constexpr int kTableThreads = 1024;
+constexpr int kSlotsPerThread = 4;  // the table kernel takes up to 4096 active experts
+
+struct TileTable {
+  int32_t* num_tiles;   // [1]
+  int32_t* first_tile;  // [max_active]
+  int32_t* tile_slot;   // [max_tiles]
+};
+
+int64_t max_tiles(int64_t pairs, int64_t max_active) { return (pairs + kTileM - 1) / kTileM + max_active; }
+int64_t max_tiles(const TiledExpertsParams& p) { return max_tiles(p.pairs, p.max_active); }
+
+TileTable table_view(const TiledExpertsParams& p, int32_t* t) { return {t, t + 1, t + 1 + p.max_active}; }
+
+struct TableArgs {
+  WorkList list;
+  TileTable table;
+};
+
+// One CTA: each thread takes 4 consecutive slots, their tile counts ceil(count / 128) are scanned across
+// the CTA, and each thread writes its slots' first tiles and the slot of each of their tiles.
+__global__ void __launch_bounds__(kTableThreads) tile_table_kernel(TableArgs args) {
+  pdl_wait();
+  pdl_trigger();
+  __shared__ int warp_sums[kTableThreads / 32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int active = *args.list.num_active;
+  int tiles[kSlotsPerThread], mine = 0;
+#pragma unroll
+  for (int q = 0; q < kSlotsPerThread; ++q) {
+    const int slot = tid * kSlotsPerThread + q;
+    tiles[q] = slot < active ? (args.list.active_count[slot] + kTileM - 1) / kTileM : 0;
+    mine += tiles[q];
+  }
+  int end = mine;  // inclusive scan: within the warp, then over the warps' totals
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, end, o);
+    if (lane >= o) end += v;
+  }
+  if (lane == 31) warp_sums[warp] = end;
+  __syncthreads();
+  if (warp == 0) {
+    int s = warp_sums[lane];
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, s, o);
+      if (lane >= o) s += v;
+    }
+    warp_sums[lane] = s;
+  }
+  __syncthreads();
+  if (warp > 0) end += warp_sums[warp - 1];
+  int next = end - mine;
+#pragma unroll
+  for (int q = 0; q < kSlotsPerThread; ++q) {
+    const int slot = tid * kSlotsPerThread + q;
+    if (slot >= active) break;
+    args.table.first_tile[slot] = next;
+    for (int i = 0; i < tiles[q]; ++i) args.table.tile_slot[next + i] = slot;
+    next += tiles[q];
+  }
+  if (tid == kTableThreads - 1) *args.table.num_tiles = end;
+}
+
+struct GemmArgs {
+  TiledExpertsParams p;
+  TileTable table;
+};
+
+template <bool kGateUp>
+__global__ void __launch_bounds__(kThreads, 2) tiled_expert_gemm_kernel(GemmArgs args) {
+  extern __shared__ __align__(16) unsigned char stages[];
+  __shared__ int64_t a_offset[kTileM];  // element offset of each pair row's source (x or h)
+  __shared__ int32_t a_pair[kTileM];    // the pair of each row, -1 past the tile's pairs
+  const TiledExpertsParams& p = args.p;
+  pdl_wait();
+  pdl_trigger();
+  const int tile = blockIdx.y;
+  if (tile >= *args.table.num_tiles) return;
+  const int slot = args.table.tile_slot[tile];
+  const int m0 = (tile - args.table.first_tile[slot]) * kTileM;
+  const int64_t expert = p.list.active_expert[slot];
+  const int begin = p.list.active_begin[slot];
+  const int rows_here = min(kTileM, p.list.active_count[slot] - m0);
+  const int64_t k_dim = kGateUp ? p.hidden : p.inter;   // K
+  const int64_t w_rows = kGateUp ? p.inter : p.hidden;  // rows of each weight matrix
+  const bf16* in = static_cast<const bf16*>(kGateUp ? p.x : p.h);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  for (int i = tid; i < kTileM; i += kThreads) {
+    int32_t pair = -1;
+    int64_t offset = 0;
+    if (i < rows_here) {
+      pair = p.list.entries[begin + m0 + i];
+      offset = (kGateUp ? pair / p.top_k : pair) * k_dim;
+    }
+    a_pair[i] = pair;
+    a_offset[i] = offset;
+  }
+  // This tile's weight rows: gate/up rows [n0, n0 + 64) of both matrices; down rows [n0, n0 + 128).
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * (kGateUp ? kTileN / 2 : kTileN);
+  const bf16* w_main = static_cast<const bf16*>(kGateUp ? p.gate : p.down) + expert * w_rows * k_dim;
+  const bf16* w_up = kGateUp ? static_cast<const bf16*>(p.up) + expert * w_rows * k_dim : nullptr;
+  __syncthreads();
+
+  // Stage s holds columns [k0, k0 + 64) of the 128 pair rows (A, [kTileM][kLd]) and of the 128 weight rows
+  // (B, [kTileN][kLd]); the thread copies 16-byte parts c % 8 of rows c / 8 for c = tid + 256·i. Pair rows
+  // past the tile's pairs are zero-filled.
+  auto load_stage = [&](int stage, int64_t k0) {
+    bf16* a_sh = reinterpret_cast<bf16*>(stages + stage * kStageBytes);
+    bf16* b_sh = a_sh + kTileM * kLd;
+#pragma unroll
+    for (int i = 0; i < kChunksPerThread; ++i) {
+      const int c = tid + i * kThreads, r = c / (kTileK / 8), part = c % (kTileK / 8);
+      const int64_t col = k0 + part * 8;
+      cp_async16(a_sh + r * kLd + part * 8, in + a_offset[r] + col, r < rows_here);
+      const bf16* w_row =
+          !kGateUp || r < kTileN / 2 ? w_main + (n0 + r) * k_dim : w_up + (n0 + r - kTileN / 2) * k_dim;
+      cp_async16(b_sh + r * kLd + part * 8, w_row + col, true);
+    }
+  };
+
+  const int k_tiles = static_cast<int>(k_dim / kTileK);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_tiles) load_stage(s, static_cast<int64_t>(s) * kTileK);
+    cp_async_commit();
+  }
+  const int wm = warp >> 2, wn = warp & 3;
+  // The first B row of this warp's n8 tiles 2jj and 2jj + 1 (adjacent rows): gate/up, tiles 0-1 are its 16
+  // gate rows and 2-3 the same 16 up rows; down, its 32 consecutive rows.
+  auto b_pair_row = [&](int jj) { return kGateUp ? jj * (kTileN / 2) + 16 * wn : 32 * wn + 16 * jj; };
+  float acc[4][4][4] = {};  // [m16 tile][n8 tile][C fragment]
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // stage kt has landed for every thread, and stage kt - 1 is no longer read
+    const int next = kt + kStages - 1;
+    if (next < k_tiles) load_stage(next % kStages, static_cast<int64_t>(next) * kTileK);
+    cp_async_commit();
+    const bf16* a_sh = reinterpret_cast<const bf16*>(stages + (kt % kStages) * kStageBytes);
+    const bf16* b_sh = a_sh + kTileM * kLd;
+#pragma unroll
+    for (int ks = 0; ks < kTileK; ks += 16) {
+      uint32_t a[4][4], b[4][2];
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+        ldsm_x4(a[mt], a_sh + (wm * 64 + mt * 16 + (lane & 15)) * kLd + ks + (lane >> 4) * 8);
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        uint32_t r[4];
+        ldsm_x4(r,
+                b_sh + (b_pair_row(jj) + ((lane >> 4) << 3) + (lane & 7)) * kLd + ks + ((lane >> 3) & 1) * 8);
+        b[2 * jj][0] = r[0], b[2 * jj][1] = r[1], b[2 * jj + 1][0] = r[2], b[2 * jj + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          mma_bf16(acc[mt][j], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b[j][0], b[j][1]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // C fragment (g = lane / 4, t = lane % 4): elements 0, 1 are row g, columns 2t, 2t + 1; 2, 3 row g + 8.
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = wm * 64 + mt * 16 + g + 8 * half;
+      if (r >= rows_here) continue;
+      const int64_t pair = a_pair[r];
+      if constexpr (kGateUp) {
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+          const int64_t col = n0 + 16 * wn + 8 * jj + 2 * t;
+          const float* gate = &acc[mt][jj][2 * half];
+          const float* up = &acc[mt][2 + jj][2 * half];
+          const uint32_t v = pack_bf16x2(glu_value(gate[0], up[0], p.situ, p.situ_beta, p.situ_linear_beta),
+                                         glu_value(gate[1], up[1], p.situ, p.situ_beta, p.situ_linear_beta));
+          *reinterpret_cast<uint32_t*>(static_cast<bf16*>(p.h) + pair * p.inter + col) = v;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int64_t col = n0 + 32 * wn + 8 * j + 2 * t;
+          *reinterpret_cast<float2*>(static_cast<float*>(p.y) + pair * p.hidden + col) =
+              make_float2(acc[mt][j][2 * half], acc[mt][j][2 * half + 1]);
+        }
+      }
+    }
+  }
+}
+
+template <bool kGateUp>
+void launch_tiled_gemm(const GemmArgs& args, cudaStream_t stream) {
+  const TiledExpertsParams& p = args.p;
+  HLM_CUDA_CHECK(cudaFuncSetAttribute(tiled_expert_gemm_kernel<kGateUp>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(kSmemBytes)));
+  const int64_t n_tiles = kGateUp ? p.inter / (kTileN / 2) : p.hidden / kTileN;
+  const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(max_tiles(p)));
+  launch_pdl(tiled_expert_gemm_kernel<kGateUp>, grid, kThreads, kSmemBytes, stream, args);
+  HLM_CHECK_LAUNCH(kGateUp ? "tiled_expert_gemm_kernel (gate, up)" : "tiled_expert_gemm_kernel (down)");
+}
+
+}  // namespace
+
+bool tiled_experts_fit(int64_t hidden, int64_t inter) {
+  return hidden % kTileN == 0 && inter % (kTileN / 2) == 0 && hidden % kTileK == 0 && inter % kTileK == 0;
+}
+
+int64_t tile_table_ints(int64_t pairs, int64_t max_active) {
+  return 1 + max_active + max_tiles(pairs, max_active);
+}
+
+void launch_tiled_experts(const TiledExpertsParams& p, int32_t* tile_table, cudaStream_t stream) {
+  HLM_CHECK(p.max_active <= int64_t{kTableThreads} * kSlotsPerThread,
+            "moe_experts: the tiled expert GEMMs take at most {} active experts, got {}",
+            kTableThreads * kSlotsPerThread, p.max_active);
+  HLM_CHECK(max_tiles(p) <= 65535, "moe_experts: {} pairs need more than 65535 tiles of {}", p.pairs, kTileM);
+  const TileTable table = table_view(p, tile_table);
+  launch_pdl(tile_table_kernel, 1, kTableThreads, 0, stream, TableArgs{p.list, table});
+  HLM_CHECK_LAUNCH("tile_table_kernel");
+  launch_tiled_gemm<true>(GemmArgs{p, table}, stream);
+  launch_tiled_gemm<false>(GemmArgs{p, table}, stream);
+}
+
+}  // namespace hlm::cuda
