@@ -62,12 +62,17 @@ struct SampleKernelParams {
 };
 
 // --- 1. finite check and argmax ----------------------------------------------------------------------------
-// The larger value wins and equal values go to the lower index; every lane gets the warp's winner.
+// Whether candidate (v, i) beats (best_v, best_i): the larger value wins, equal values go to the lower index.
+__device__ __forceinline__ bool beats(float v, int i, float best_v, int best_i) {
+  return v > best_v || (v == best_v && i < best_i);
+}
+
+// Every lane gets the warp's winner (beats).
 __device__ __forceinline__ void warp_argmax(float& best_v, int& best_i) {
   for (int o = 16; o > 0; o >>= 1) {
     const float v = __shfl_xor_sync(0xffffffffu, best_v, o);
     const int i = __shfl_xor_sync(0xffffffffu, best_i, o);
-    if (v > best_v || (v == best_v && i < best_i)) {
+    if (beats(v, i, best_v, best_i)) {
       best_v = v;
       best_i = i;
     }
@@ -137,7 +142,7 @@ __global__ void __launch_bounds__(32)
   for (int s = lane; s < count; s += 32) {
     const SliceBest b = slices[row * count + s];
     finite = finite && b.finite != 0;
-    if (b.v > best_v || (b.v == best_v && b.i < best_i)) {
+    if (beats(b.v, b.i, best_v, best_i)) {
       best_v = b.v;
       best_i = b.i;
     }

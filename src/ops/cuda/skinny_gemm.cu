@@ -188,17 +188,17 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(SkinnyGemmPara
 //  - kDeep, 16 x 3 (one CTA per SM), up to 1 tile per SM: the CTA's whole slab in flight at once (48 chunks
 //    cover K = 3,072): the shared expert's gate|up with GLU [2048 x 2304] (128 tiles) 4.6 against 5.5
 //    (kWide: 4.9-5.0).
-//  - kPerHead, 8 x 2: the per-head form (W_UV, K = 512, 8 chunks per tile) 2.8 against 3.0 (kWide 2.9-3.1).
+//  - the per-head form, always 8 x 2 (launch_skinny_gemm_tiles): W_UV, K = 512, 8 chunks per tile, 2.8
+//    against 3.0 (kWide 2.9-3.1).
 // The 48B decode step at batch 1 (4K context): 2.74 against 2.84 ms (bench, three runs each). Measured and
 // dropped in the sweep: 8-row tiles (half the A fragment zero) so that the 144 tiles of a 2304-row matrix
 // spread more evenly over 132 SMs: o_proj 7.7-10.4 µs over four configurations, the step no faster. And
 // afterwards an L2 prefetch (prefetch.global.L2) of each warp's later chunks before pdl_wait, meant to
 // fill DRAM while the kernel ahead (KDA's latency-bound decode before o_proj) runs: the KDA layer 42.7 ->
 // 43.2 µs, the dense FFN 47.0-47.5 -> 49.2-49.8, K3's first four layers at batch 1 2.83 -> 2.95 ms.
-enum class Streaming { kWide, kNarrow, kDeep, kPerHead };
+enum class Streaming { kWide, kNarrow, kDeep };
 
-Streaming pick_streaming(int64_t tiles, int sm_count, bool batched) {
-  if (batched) return Streaming::kPerHead;
+Streaming pick_streaming(int64_t tiles, int sm_count) {
   if (tiles <= sm_count) return Streaming::kDeep;
   return tiles <= 2 * static_cast<int64_t>(sm_count) ? Streaming::kWide : Streaming::kNarrow;
 }
@@ -242,7 +242,7 @@ void launch_skinny_gemm_tiles(const SkinnyGemmParams& p, dim3 tiles, Streaming s
 template <bool kGlu, bool kBatched = false>
 void launch_skinny_gemm(const CudaContext& ctx, const SkinnyGemmParams& p, dim3 tiles, bool x_f32,
                         bool f32_out) {
-  const Streaming s = pick_streaming(tiles.x, ctx.sm_count(), kBatched);
+  const Streaming s = pick_streaming(tiles.x, ctx.sm_count());
   if (p.tokens <= 8) {
     x_f32 ? launch_skinny_gemm_tiles<1, float, kGlu, kBatched>(p, tiles, s, f32_out, ctx.stream())
           : launch_skinny_gemm_tiles<1, bf16, kGlu, kBatched>(p, tiles, s, f32_out, ctx.stream());
