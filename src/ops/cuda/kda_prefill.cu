@@ -19,8 +19,8 @@
 // ≈ 104 K (W·S, QG·S and the state update at 32 K each, Aqk·Vn 8 K). All on fp32 CUDA cores from shared
 // memory, so this is ALU/shared-memory bound, not memory bound: at 32 heads and 8K tokens ≈ 37 GFLOP,
 // with kernel 2 the long pole at batch 1 (128 CTAs, 1.7 MFLOP per CTA per chunk, 128 chunks in sequence;
-// estimated 1.5–2.5 ms for the whole prefill; measured on an H200: 8.4 ms against fla chunk_kda's 1.37 ms,
-// tools/bench_kernels.py). Reaching the 1.2×-fla target
+// estimated 1.5–2.5 ms for the whole prefill; measured on an H200: 5.1 ms, where fla chunk_kda took 1.54 ms
+// in an earlier job of tools/bench_kernels.py). Reaching the 1.2×-fla target
 // needs tensor cores for the three [64 × 128 × 32] products of kernel 2 and for Aqk/Akk with sub-chunk
 // anchors (bounded gate) or exact diagonal blocks (softplus gate) (KERNELS.md §1, §4.2), a bf16 workspace,
 // and segment parallelism across a sequence at batch 1; this version is the exact fp32 form they are
@@ -34,8 +34,15 @@ namespace hlm::cuda {
 namespace {
 
 constexpr int kChunk = 64;
-constexpr int kPrefillThreads = 256;
-constexpr int kPrefillWarps = kPrefillThreads / 32;
+// Threads per CTA. Both kernels fit one CTA per SM (their shared memory), and they stall mostly on
+// shared-memory loads (ncu on an H200: 12.5% occupancy at 256 threads, 32% of issue slots busy), so the
+// warps of that one CTA are what hides the latency. Measured on an H200 (kernel_bench --kda-prefill, 32
+// heads, K = V = 128, 8K tokens, batch 1; chunk / chain threads): 256 / 256 8.41 ms, 512 / 512 5.57,
+// 512 / 1024 5.62, 1024 / 1024 5.13, 1024 / 512 5.11 (64K tokens: 66.1 against 39.9 ms).
+constexpr int kChunkThreads = 1024;
+// The chain's: at most kCols·D (ChainTile), so that each thread owns at least one state row.
+template <int D>
+constexpr int kChainThreads = D >= 32 ? 512 : 256;
 
 // q, k, v are [T, H, D] (K = V = D).
 template <class XT>
@@ -60,7 +67,7 @@ struct ChunkSmem {
       sizeof(double) * kChunk * kPad + sizeof(float) * (2 * kChunk * kPad + kChunk * (kChunk + 1) + kChunk);
 };
 
-// Grid (chunks, H, S): a CTA per (sequence, head, chunk of 64 tokens), 8 warps.
+// Grid (chunks, H, S): a CTA per (sequence, head, chunk of 64 tokens), kThreads / 32 warps.
 //  - q̂, k̂: a warp per token row (lanes over key channels, warp-sum of squares). Γ: a thread per key
 //    channel summing down the rows in double.
 //  - Aqk, Akk: a warp per row i, lanes over j ≤ i, each lane a full dot product over the key channels with
@@ -69,8 +76,9 @@ struct ChunkSmem {
 //    element.
 //  - the forward substitutions through the unit lower triangular (I + Akk): a thread per column of U or W
 //    (2D columns), rows in order, each row written to the workspace as soon as it is final.
-template <int D, class XT>
-__global__ void __launch_bounds__(kPrefillThreads) kda_chunk_kernel(KdaPrefillParams<XT> p) {
+template <int D, class XT, int kThreads>
+__global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT> p) {
+  constexpr int kWarps = kThreads / 32;
   using Smem = ChunkSmem<D>;
   constexpr int kPad = Smem::kPad;
   constexpr int kAkkPad = kChunk + 1;
@@ -93,7 +101,7 @@ __global__ void __launch_bounds__(kPrefillThreads) kda_chunk_kernel(KdaPrefillPa
   auto token_head = [&](int i) { return (row0 + i) * p.heads + h; };
 
   const float q_scale = 1.0f / sqrtf(static_cast<float>(D));
-  for (int i = warp; i < m; i += kPrefillWarps) {
+  for (int i = warp; i < m; i += kWarps) {
     const XT* q = p.q + token_head(i) * D;
     const XT* k = p.k + token_head(i) * D;
     float q_sq = 0.0f, k_sq = 0.0f;
@@ -112,7 +120,7 @@ __global__ void __launch_bounds__(kPrefillThreads) kda_chunk_kernel(KdaPrefillPa
     }
     if (lane == 0) beta[i] = p.beta[token_head(i)];
   }
-  for (int d = tid; d < D; d += kPrefillThreads) {
+  for (int d = tid; d < D; d += kThreads) {
     double sum = 0.0;
     for (int i = 0; i < m; ++i) {
       sum += p.g[token_head(i) * D + d];
@@ -122,7 +130,7 @@ __global__ void __launch_bounds__(kPrefillThreads) kda_chunk_kernel(KdaPrefillPa
   __syncthreads();
 
   // Aqk[i][j] = Σ_d q̂_i k̂_j exp(Γ_i − Γ_j) (j ≤ i), Akk[i][j] = β_i Σ_d k̂_i k̂_j exp(Γ_i − Γ_j) (j < i).
-  for (int i = warp; i < m; i += kPrefillWarps) {
+  for (int i = warp; i < m; i += kWarps) {
     for (int j = lane; j <= i; j += 32) {
       float dot_q = 0.0f, dot_k = 0.0f;
 #pragma unroll 4
@@ -140,7 +148,7 @@ __global__ void __launch_bounds__(kPrefillThreads) kda_chunk_kernel(KdaPrefillPa
 
   // Operands decayed to the chunk's start or end, and the right sides of the two triangular systems
   // (β_i v_i into qs, β_i k̂_i ⊙ exp(Γ_i) into ks). Element (i, d) is read and rewritten by one thread.
-  for (int e = tid; e < m * D; e += kPrefillThreads) {
+  for (int e = tid; e < m * D; e += kThreads) {
     const int i = e / D, d = e % D;
     const double gamma_i = gamma[i * kPad + d];
     const float from_start = expf(static_cast<float>(gamma_i));  // exp(Γ_i)
@@ -154,7 +162,7 @@ __global__ void __launch_bounds__(kPrefillThreads) kda_chunk_kernel(KdaPrefillPa
   __syncthreads();
 
   // U[i] = β_i v_i − Σ_{j<i} Akk[i][j] U[j] and W[i] = β_i k̂_i ⊙ exp(Γ_i) − Σ_{j<i} Akk[i][j] W[j], in place.
-  for (int col = tid; col < 2 * D; col += kPrefillThreads) {
+  for (int col = tid; col < 2 * D; col += kThreads) {
     float* x = col < D ? qs : ks;
     float* dst = col < D ? p.u : p.w;
     const int e = col % D;
@@ -170,11 +178,11 @@ __global__ void __launch_bounds__(kPrefillThreads) kda_chunk_kernel(KdaPrefillPa
 // How kda_chain_kernel<D> splits a head: kCols value columns per CTA; a thread owns one column (lanes over
 // columns) and, within the chunk, rows row_group + kRowGroups·r of the chunk (kRowsI of them) and of the
 // state (kRowsD of them).
-template <int D>
+template <int D, int kThreads>
 struct ChainTile {
   static constexpr int kCols = D < 32 ? D : 32;
   static constexpr int kSplits = D / kCols;
-  static constexpr int kRowGroups = kPrefillThreads / kCols;
+  static constexpr int kRowGroups = kThreads / kCols;
   static constexpr int kRowsI = kChunk / kRowGroups;
   static constexpr int kRowsD = D / kRowGroups;
   static_assert(D % kCols == 0 && kChunk % kRowGroups == 0 && D % kRowGroups == 0);
@@ -184,14 +192,14 @@ struct ChainTile {
       sizeof(float) * (D * kCols + 3 * kChunk * D + kChunk * kCols + kChunk * kChunk + D);
 };
 
-// Grid (kSplits, H, S): a CTA per (sequence, head, kCols value columns), 8 warps, walking the sequence's
-// chunks in order with its [D, kCols] slice of the state in shared memory. Per chunk: the chunk's workspace
-// rows are staged in shared memory (rows past the chunk's end as zeros); each thread computes Vn and the
-// state part of O for its kRowsI rows (one pass over the key channels, the W and QG reads are broadcasts
-// within a warp); then the in-chunk part of O and the state update for its kRowsD state rows.
-template <int D, class XT>
-__global__ void __launch_bounds__(kPrefillThreads) kda_chain_kernel(KdaPrefillParams<XT> p) {
-  using Tile = ChainTile<D>;
+// Grid (kSplits, H, S): a CTA per (sequence, head, kCols value columns), kThreads / 32 warps, walking the
+// sequence's chunks in order with its [D, kCols] slice of the state in shared memory. Per chunk: the chunk's
+// workspace rows are staged in shared memory (rows past the chunk's end as zeros); each thread computes Vn
+// and the state part of O for its kRowsI rows (one pass over the key channels, the W and QG reads are
+// broadcasts within a warp); then the in-chunk part of O and the state update for its kRowsD state rows.
+template <int D, class XT, int kThreads>
+__global__ void __launch_bounds__(kThreads) kda_chain_kernel(KdaPrefillParams<XT> p) {
+  using Tile = ChainTile<D, kThreads>;
   constexpr int kCols = Tile::kCols, kRowGroups = Tile::kRowGroups;
   extern __shared__ float chain_smem[];
   float* st = chain_smem;                      // [D][kCols] the state slice
@@ -209,28 +217,28 @@ __global__ void __launch_bounds__(kPrefillThreads) kda_chain_kernel(KdaPrefillPa
   const int tid = threadIdx.x, e = tid % kCols, row_group = tid / kCols;
   const int col0 = blockIdx.x * kCols;
   float* state = p.state + (static_cast<int64_t>(span.slot) * p.heads + h) * D * D;  // [D, D]
-  for (int x = tid; x < D * kCols; x += kPrefillThreads) st[x] = state[(x / kCols) * D + col0 + x % kCols];
+  for (int x = tid; x < D * kCols; x += kThreads) st[x] = state[(x / kCols) * D + col0 + x % kCols];
 
   for (int c0 = 0; c0 < count; c0 += kChunk) {
     const int m = min(kChunk, count - c0);
     const int64_t row0 = static_cast<int64_t>(span.begin) + c0;
     auto token_head = [&](int i) { return (row0 + i) * p.heads + h; };
-    for (int x = tid; x < kChunk * D; x += kPrefillThreads) {
+    for (int x = tid; x < kChunk * D; x += kThreads) {
       const int i = x / D;
       const int64_t at = token_head(i) * D + x % D;
       w_sh[x] = i < m ? p.w[at] : 0.0f;
       qg_sh[x] = i < m ? p.qg[at] : 0.0f;
       kg_sh[x] = i < m ? p.kg[at] : 0.0f;
     }
-    for (int x = tid; x < kChunk * kCols; x += kPrefillThreads) {
+    for (int x = tid; x < kChunk * kCols; x += kThreads) {
       const int i = x / kCols;
       u_sh[x] = i < m ? p.u[token_head(i) * D + col0 + x % kCols] : 0.0f;
     }
-    for (int x = tid; x < kChunk * kChunk; x += kPrefillThreads) {
+    for (int x = tid; x < kChunk * kChunk; x += kThreads) {
       const int i = x / kChunk, j = x % kChunk;
       aqk_sh[x] = i < m && j <= i ? p.aqk[token_head(i) * kChunk + j] : 0.0f;
     }
-    for (int d = tid; d < D; d += kPrefillThreads) decay_sh[d] = p.decay[token_head(0) * D + d];
+    for (int d = tid; d < D; d += kThreads) decay_sh[d] = p.decay[token_head(0) * D + d];
     __syncthreads();
 
     // Against the state at the chunk's start: Vn = U − W·S (in place of U) and O = QG·S.
@@ -279,24 +287,27 @@ __global__ void __launch_bounds__(kPrefillThreads) kda_chain_kernel(KdaPrefillPa
     for (int r = 0; r < Tile::kRowsD; ++r) st[(row_group + kRowGroups * r) * kCols + e] = sn[r];
     __syncthreads();  // before the next chunk restages the buffers and reads the updated state
   }
-  for (int x = tid; x < D * kCols; x += kPrefillThreads) state[(x / kCols) * D + col0 + x % kCols] = st[x];
+  for (int x = tid; x < D * kCols; x += kThreads) state[(x / kCols) * D + col0 + x % kCols] = st[x];
 }
 
 template <int D, class XT>
 void launch_kda_prefill(const KdaPrefillParams<XT>& p, cudaStream_t stream) {
   const unsigned chunks = blocks_for(p.max_tokens, kChunk);
   const size_t chunk_smem = ChunkSmem<D>::kBytes;
-  HLM_CUDA_CHECK(cudaFuncSetAttribute(kda_chunk_kernel<D, XT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  HLM_CUDA_CHECK(cudaFuncSetAttribute(kda_chunk_kernel<D, XT, kChunkThreads>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(chunk_smem)));
   const dim3 chunk_grid(chunks, p.heads, p.num_spans);
-  kda_chunk_kernel<D, XT><<<chunk_grid, kPrefillThreads, chunk_smem, stream>>>(p);
+  kda_chunk_kernel<D, XT, kChunkThreads><<<chunk_grid, kChunkThreads, chunk_smem, stream>>>(p);
   HLM_CHECK_LAUNCH("kda_chunk_kernel");
 
-  const size_t chain_smem = ChainTile<D>::kSmemBytes;
-  HLM_CUDA_CHECK(cudaFuncSetAttribute(kda_chain_kernel<D, XT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(chain_smem)));
-  const dim3 chain_grid(ChainTile<D>::kSplits, p.heads, p.num_spans);
-  kda_chain_kernel<D, XT><<<chain_grid, kPrefillThreads, chain_smem, stream>>>(p);
+  constexpr int kThreads = kChainThreads<D>;
+  using Tile = ChainTile<D, kThreads>;
+  HLM_CUDA_CHECK(cudaFuncSetAttribute(kda_chain_kernel<D, XT, kThreads>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(Tile::kSmemBytes)));
+  const dim3 chain_grid(Tile::kSplits, p.heads, p.num_spans);
+  kda_chain_kernel<D, XT, kThreads><<<chain_grid, kThreads, Tile::kSmemBytes, stream>>>(p);
   HLM_CHECK_LAUNCH("kda_chain_kernel");
 }
 
