@@ -12,7 +12,8 @@
 // fp32 accumulate); K in 64-column stages, a ring of three in shared memory filled by cp.async (the pair
 // rows gathered through a per-row source offset), two stages in flight while one is in the math. Measured
 // on an H200 (kernel_bench --moe-prefill, 48B experts, 8,192 tokens): 64-column stages 4.14-4.17 ms in
-// rings of 2 or 3, 32-column stages 4.48-4.52 ms in rings of 3 or 4.
+// rings of 2 or 3, 32-column stages 4.48-4.52 ms in rings of 3 or 4; 4 warps of 64 x 64 (fewer fragment
+// loads per mma) 4.21 ms as this form, but slower at 2,048 tokens and end to end (dropped).
 // Gate/up: the 128 rows are 64 gate rows and the same 64 up rows, and each warp's 32 are 16 of each, so a
 // thread holds gate and up of the same (pair, row) and writes act(gate)·up as bf16 to h. Down: y rows in
 // fp32. The combine (moe_experts.cu) then sums each token's slots in slot order, as for decode.
