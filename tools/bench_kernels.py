@@ -4,14 +4,17 @@
 Runs build/tests/bench/kernel_bench (ours: also the small decode ops and the routed experts, which have no
 peer here) and, in this process, the peers at the same shapes and with the
 same timing method: fla's fused_recurrent_kda (decode) and chunk_kda (prefill) from fla-core, and a plain
-PyTorch absorbed MLA decode (FlashMLA is not installable on the GPU machine). Decode ops are captured
+PyTorch absorbed MLA decode (FlashMLA is not installable on the GPU machine), and with --mla-prefill
+PyTorch's scaled_dot_product_attention (the fused kernel it picks: FlashAttention, cuDNN or
+memory-efficient) on the expanded MLA prefill's shapes. Decode ops are captured
 `CALLS` times in one CUDA graph and the graph replayed; prefill runs eagerly. Inputs are random, drawn
 separately on each side (the shapes, dtypes and value ranges match; the values do not). Prints one JSON
 object per measurement and a table with the ratio ours / peer in time.
 
 Needs torch, triton, einops and fla-core 0.6.0 (pip install fla-core==0.6.0; on a machine without a
 package index: pip install --no-deps the wheels). With --mla, only the MLA decode cases (kernel_bench --mla)
-and their PyTorch peer: torch alone.
+and their PyTorch peer; with --mla-prefill, only the MLA prefill cases (kernel_bench --mla-prefill) and
+theirs: torch alone.
 """
 import argparse
 import json
@@ -113,6 +116,22 @@ def peers(torch, copy_bw, mla_only):
     return out
 
 
+def mla_prefill_peers(torch, rand):
+    """Causal attention over keys already expanded, 8192 queries and keys, 32 heads of (192, 192, 128):
+    the work of kernel_bench's mla_prefill_expanded_attention_only."""
+    import torch.nn.functional as F
+
+    heads, tokens = 32, 8192
+    q = rand((1, heads, tokens, 192), torch.bfloat16)
+    k = rand((1, heads, tokens, 192), torch.bfloat16)
+    v = rand((1, heads, tokens, 128), torch.bfloat16)
+    t = eager_seconds(torch, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=192**-0.5))
+    pairs = tokens * (tokens + 1) / 2
+    return [{"op": "mla_prefill_expanded_attention_only", "impl": "PyTorch scaled_dot_product_attention",
+             "tokens": tokens, "prefix": 0, "heads": heads, "us": t * 1e6,
+             "tflop_s": pairs * heads * 2 * (192 + 128) / t / 1e12}]
+
+
 def key(m):
     return (m["op"], m.get("batch"), m.get("tokens"), m.get("heads", HEADS))
 
@@ -121,8 +140,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernel-bench", default="build/tests/bench/kernel_bench")
     ap.add_argument("--mla", action="store_true", help="only the MLA decode cases (no fla needed)")
+    ap.add_argument("--mla-prefill", action="store_true", help="only the MLA prefill cases (no fla needed)")
     args = ap.parse_args()
-    command = [args.kernel_bench] + (["--mla"] if args.mla else [])
+    command = [args.kernel_bench] + (["--mla"] if args.mla else []) + (["--mla-prefill"] if args.mla_prefill else [])
     ours_text = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     ours = [json.loads(line) for line in ours_text.splitlines() if line.startswith("{")]
     copy_bw = next(m["gb_s"] for m in ours if m["op"] == "copy") * 1e9
@@ -131,7 +151,11 @@ def main():
         print(json.dumps(m))
     import torch
 
-    theirs = peers(torch, copy_bw, args.mla)
+    if args.mla_prefill:
+        theirs = mla_prefill_peers(
+            torch, lambda shape, dtype: ((torch.rand(shape, device="cuda") * 2 - 1)).to(dtype))
+    else:
+        theirs = peers(torch, copy_bw, args.mla)
     for m in theirs:
         print(json.dumps(m))
     by_key = {key(m): m for m in theirs}

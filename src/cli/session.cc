@@ -41,6 +41,16 @@ void add_session_options(CLI::App& cmd, SessionOptions& o) {
       ->check(CLI::Range(0.05, 1.0))
       ->capture_default_str();
   cmd.add_flag("!--no-cuda-graphs", o.cuda_graphs, "Run decode steps without CUDA graphs (debugging)");
+  cmd.add_option(
+         "--mla-prefill", o.engine.mla_prefill,
+         "MLA form of prefill steps: absorbed (the decode form), expanded (per-head keys; cp = 1 only), "
+         "or auto (a cost model picks per step)")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, MlaPrefillForm>{{"auto", MlaPrefillForm::kAuto},
+                                                {"absorbed", MlaPrefillForm::kAbsorbed},
+                                                {"expanded", MlaPrefillForm::kExpanded}},
+          CLI::ignore_case))
+      ->default_str("auto");
   cmd.add_option("--comm-timeout", o.comm_timeout,
                  "Seconds a rank waits for its peers in one collective before ending the job")
       ->capture_default_str();
@@ -171,6 +181,13 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
   }
   // Every layout rule is checked before a single weight is read.
   check_layout(config_, LayoutRequest{o.tp, o.cp, o.moe_ep, o.moe_tp, o.engine.tokens_per_block});
+  HLM_CHECK(o.engine.mla_prefill != MlaPrefillForm::kExpanded ||
+                (o.cp == 1 && mla_expanded_heads_supported(config_.qk_nope_head_dim, config_.qk_rope_head_dim,
+                                                           config_.v_head_dim)),
+            "--mla-prefill expanded needs --cp 1 (got {}) and MLA heads (nope, R, V) of (128, 64, 128) or "
+            "(16, 8, 16) "
+            "(the model has ({}, {}, {})); use auto or absorbed",
+            o.cp, config_.qk_nope_head_dim, config_.qk_rope_head_dim, config_.v_head_dim);
   Mapping mapping = Mapping::make(o.tp, o.cp, rank, o.moe_ep, o.moe_tp);
   const Device device = resolve_device(o.device);
   EngineOptions eo = o.engine;

@@ -9,6 +9,7 @@
 
 #include "base/checked_math.h"
 #include "base/log.h"
+#include "model/mla_layer.h"
 
 namespace hlm {
 
@@ -145,8 +146,14 @@ int64_t step_scratch_bytes(const ModelConfig& cfg, const Mapping& mapping, int64
   const int64_t moe = cfg.experts_per_token * (3 * cfg.moe_intermediate_size + width + 4) +
                       3 * cfg.shared_intermediate_size() + 6 * hidden + 2 * cfg.num_experts;
   const int64_t widest = std::max({kda, mla, dense, moe}) + 4 * hidden;
+  // The expanded MLA prefill's key chunk (mla_layer.h): gathered rows, their latent columns, K and V.
+  const int64_t mla_chunk =
+      cfg.num_mla_layers() > 0 && mapping.cp == 1
+          ? kMlaExpandedKeyChunk * (2 * cfg.mla_cache_dim() + cfg.kv_lora_rank +
+                                    2 * tp_heads * (cfg.qk_nope_head_dim + cfg.v_head_dim))
+          : 0;
   const int64_t fixed = int64_t{256} << 20;
-  return 2 * 4 * (tokens * widest + logit_rows * cfg.vocab_size) + fixed;
+  return 2 * 4 * (tokens * widest + logit_rows * cfg.vocab_size) + 4 * mla_chunk + fixed;
 }
 
 DeviceCachePlan plan_device_caches(const ModelConfig& cfg, const Mapping& mapping, int64_t weight_bytes,

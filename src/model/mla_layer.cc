@@ -1,5 +1,6 @@
 #include "model/mla_layer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -51,24 +52,50 @@ Tensor MlaLayer::project_queries(const LayerEnv& env, const Tensor& x, const Ten
   const int64_t t = x.dim(0), qk = c.qk_head_dim();
   Tensor q = in_proj_.part(ops, x, proj, kQ);  // [T, H/tp·qk] (q-LoRA: [T, r])
   if (c.q_lora_rank != 0) q = ops.linear(ops.rms_norm(q, q_a_norm_, kLatentNormEps), q_b_);
-  return ops.mla_absorb_queries(q.reshape({t, tp_heads_, qk}), w_uk_);  // [T, H/tp, L + R]
+  return q.reshape({t, tp_heads_, qk});  // [T, H/tp, nope + R]
 }
 
-Tensor MlaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext& ctx) {
+bool MlaLayer::use_expanded(const LayerEnv& env, const StepContext& ctx) const {
+  const ModelConfig& c = env.cfg;
+  if (ctx.decode_only || ctx.mla_prefill == MlaPrefillForm::kAbsorbed) return false;
+  const bool applies = env.mapping.cp == 1 &&
+                       mla_expanded_heads_supported(c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim);
+  if (ctx.mla_prefill == MlaPrefillForm::kExpanded) {
+    HLM_CHECK(applies,
+              "the expanded MLA prefill needs cp = 1 (got {}) and heads (nope, R, V) of (128, 64, 128) or "
+              "(16, 8, 16) "
+              "(got ({}, {}, {}))",
+              env.mapping.cp, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim);
+    return true;
+  }
+  if (!applies) return false;
+  // Estimated seconds of each form for this step's sequences, at rates measured on an H200
+  // (docs/benchmarks.md, "MLA prefill: the expanded form"): the absorbed kernel at 150 TFLOP/s of its FLOPs;
+  // the expansion GEMMs, plus the bytes each expanded key moves (gather, the latent copy, K and V written
+  // and read once); the expanded kernel at 190 TFLOP/s. Causality halves both attention terms alike, so
+  // the estimate counts every (query, key) pair. The forms break even near 100 queries per key.
+  constexpr double kAbsorbedFlops = 150e12, kGemmFlops = 400e12, kExpandedFlops = 190e12, kBytesPerS = 3e12;
+  const double h = static_cast<double>(tp_heads_), lat = static_cast<double>(c.kv_lora_rank);
+  const double width = static_cast<double>(c.mla_cache_dim()), qk = static_cast<double>(c.qk_head_dim());
+  const double nope = static_cast<double>(c.qk_nope_head_dim), vd = static_cast<double>(c.v_head_dim);
+  const double key_bytes = 2.0 * (2.0 * width + lat + 2.0 * h * (nope + vd));
+  const double page_size = static_cast<double>(cache_.dim(1));
+  double absorbed = 0.0, expanded = 0.0;
+  for (const MlaSeq& s : ctx.mla.seqs) {
+    const double keys = static_cast<double>(s.num_pages) * page_size;
+    const double pairs = static_cast<double>(s.token_count) * keys * h;
+    absorbed += pairs * 2.0 * (width + lat) / kAbsorbedFlops;
+    expanded += keys * (h * 2.0 * lat * (nope + vd) / kGemmFlops + key_bytes / kBytesPerS) +
+                pairs * 2.0 * (qk + vd) / kExpandedFlops;
+  }
+  return expanded < absorbed;
+}
+
+Tensor MlaLayer::absorbed_attention(const LayerEnv& env, const Tensor& q, const StepContext& ctx,
+                                    float scale) {
   const ModelConfig& c = env.cfg;
   Ops& ops = env.ops;
-  const int64_t t = x.dim(0), lat = c.kv_lora_rank, cp = env.mapping.cp;
-
-  const Tensor proj = in_proj_.forward(ops, x);  // up to 16 rows: [T, H/tp·qk (or r) + L + R (+ H/N·v)]
-  // The new latent cache rows are written beside the query projections; attention reads them after the join.
-  ops.begin_side();
-  const Tensor ckv = in_proj_.part(ops, x, proj, kKvA);  // [T, L + R]
-  ops.mla_cache_write(ckv, lat, kv_a_norm_, kLatentNormEps, ctx.write_slots, cache_);
-  ops.end_side();
-  Tensor q = project_queries(env, x, proj);  // [T, H/tp, L + R]
-  ops.join_side();
-
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim()));
+  const int64_t t = q.dim(0), lat = c.kv_lora_rank, cp = env.mapping.cp;
   Tensor part = ops.empty({t, tp_heads_, lat}, DType::kF32);  // [T, H/tp, L]
   Tensor stats = ops.empty({t, tp_heads_, 2}, DType::kF32);   // [T, H/tp, 2]
   ops.mla_attention(q, cache_, ctx.page_table, ctx.mla, ctx.kv_len, scale, lat, part, stats);
@@ -85,8 +112,57 @@ Tensor MlaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext
         parts, part_stats, CommGroup::kCp,
         [&ops](const Tensor& p, const Tensor& s) { return ops.lse_combine(p, s); });  // [T, Hc, L]
   }
-  Tensor heads = ops.head_matmul(context, w_uv_, /*w_transposed=*/true)
-                     .reshape({t, chunk_heads_ * c.v_head_dim});  // [T, H/N·v]
+  return ops.head_matmul(context, w_uv_, /*w_transposed=*/true)
+      .reshape({t, chunk_heads_ * c.v_head_dim});  // [T, H/N·v]
+}
+
+Tensor MlaLayer::expanded_attention(const LayerEnv& env, const Tensor& q, const StepContext& ctx,
+                                    float scale) {
+  const ModelConfig& c = env.cfg;
+  Ops& ops = env.ops;
+  const int64_t t = q.dim(0), lat = c.kv_lora_rank, nope = c.qk_nope_head_dim, vd = c.v_head_dim;
+  const int64_t page_size = cache_.dim(1);
+  const Tensor w_uk = w_uk_.reshape({tp_heads_ * nope, lat});  // [H·nope, L]
+  const Tensor w_uv = w_uv_.reshape({tp_heads_ * vd, lat});    // [H·v, L] (cp = 1: H/N = H/tp)
+  Tensor out = ops.zeros({t, tp_heads_, vd}, DType::kF32);     // [T, H, v]; rows of no sequence stay 0
+  Tensor stats = ops.empty({t, tp_heads_, 2}, DType::kF32);    // [T, H, 2]
+  for (const MlaSeq& s : ctx.mla.seqs) {
+    if (s.token_count == 0) continue;
+    const int64_t end = s.token_begin + s.token_count, keys_total = s.num_pages * page_size;
+    const Tensor q_s = q.slice(s.token_begin, end);
+    const Tensor kv_len_s = ctx.kv_len.slice(s.token_begin, end);
+    Tensor out_s = out.slice(s.token_begin, end), stats_s = stats.slice(s.token_begin, end);
+    for (int64_t k0 = 0; k0 < keys_total; k0 += kMlaExpandedKeyChunk) {
+      const int64_t n = std::min(kMlaExpandedKeyChunk, keys_total - k0);
+      const Tensor keys = ops.mla_gather_keys(cache_, ctx.page_table, s, k0, n);     // [n, L + R]
+      const Tensor latent = ops.slice_last(keys, 0, lat);                            // [n, L]
+      const Tensor k_nope = ops.linear(latent, w_uk).reshape({n, tp_heads_, nope});  // [n, H, nope]
+      const Tensor v = ops.linear(latent, w_uv).reshape({n, tp_heads_, vd});         // [n, H, v]
+      ops.mla_expanded_attention(q_s, k_nope, v, keys, lat, kv_len_s, k0, scale, k0 > 0, out_s, stats_s);
+    }
+  }
+  return out.reshape({t, tp_heads_ * vd});  // [T, H·v]
+}
+
+Tensor MlaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext& ctx) {
+  const ModelConfig& c = env.cfg;
+  Ops& ops = env.ops;
+  const int64_t lat = c.kv_lora_rank;
+
+  const Tensor proj = in_proj_.forward(ops, x);  // up to 16 rows: [T, H/tp·qk (or r) + L + R (+ H/N·v)]
+  // The new latent cache rows are written beside the query projections; attention reads them after the join.
+  ops.begin_side();
+  const Tensor ckv = in_proj_.part(ops, x, proj, kKvA);  // [T, L + R]
+  ops.mla_cache_write(ckv, lat, kv_a_norm_, kLatentNormEps, ctx.write_slots, cache_);
+  ops.end_side();
+  const bool expanded = use_expanded(env, ctx);
+  Tensor q = project_queries(env, x, proj);             // [T, H/tp, nope + R]
+  if (!expanded) q = ops.mla_absorb_queries(q, w_uk_);  // [T, H/tp, L + R]
+  ops.join_side();
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim()));
+  Tensor heads = expanded ? expanded_attention(env, q, ctx, scale)
+                          : absorbed_attention(env, q, ctx, scale);  // [T, H/N·v]
   if (c.mla_output_gate) ops.sigmoid_gate_inplace(heads, in_proj_.part(ops, x, proj, kGate));
   Tensor out = ops.linear(heads, o_proj_);  // [T, hidden] partial
   env.comm.all_reduce_sum(out, CommGroup::kWorld);

@@ -4,6 +4,10 @@
 // the CP group that hands each rank its head chunk r', the exact LSE combine, W_UV and the o_proj shard of
 // that chunk, and one all-reduce over N. With cp = 1 the all-to-all and combine drop out; the same code
 // serves prefill (causality is a per-query visible-key count) and decode.
+// Prefill chunks of many queries may instead run the expanded (MHA) form of §6.1 (docs/KERNELS.md §6):
+// the sequence's keys gathered in chunks of kMlaExpandedKeyChunk, expanded per head through W_UK and W_UV,
+// and attended with 640 instead of 2,176 FLOP per (query, key, head). With cp > 1 a rank holds W_UV for
+// its head chunk only, so CP layouts keep the absorbed form.
 #pragma once
 
 #include "model/fused_projection.h"
@@ -12,6 +16,9 @@
 #include "model/weight_source.h"
 
 namespace hlm {
+
+// Keys per gathered and expanded chunk of the expanded form (step scratch: memory_plan.cc counts it).
+constexpr int64_t kMlaExpandedKeyChunk = 8192;
 
 class MlaLayer {
  public:
@@ -26,8 +33,14 @@ class MlaLayer {
   }
 
  private:
-  // x [T, hidden] and in_proj_'s output for it -> absorbed queries [T, H/tp, L + R]
+  // x [T, hidden] and in_proj_'s output for it -> queries [T, H/tp, nope + R]
   Tensor project_queries(const LayerEnv& env, const Tensor& x, const Tensor& proj);
+  // Whether this step runs the expanded form (ctx.mla_prefill, or the cost model for kAuto).
+  bool use_expanded(const LayerEnv& env, const StepContext& ctx) const;
+  // Queries (absorbed [T, H/tp, L + R], expanded [T, H/tp, nope + R]) -> the heads' attention outputs
+  // [T, H/N·v] (absorbed: with the CP merge and W_UV).
+  Tensor absorbed_attention(const LayerEnv& env, const Tensor& q, const StepContext& ctx, float scale);
+  Tensor expanded_attention(const LayerEnv& env, const Tensor& q, const StepContext& ctx, float scale);
 
   int64_t tp_heads_ = 0;     // H / tp: heads whose queries this rank projects
   int64_t chunk_heads_ = 0;  // H / N: heads this rank finishes after the all-to-all

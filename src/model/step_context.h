@@ -12,6 +12,11 @@
 
 namespace hlm {
 
+// Which form of MLA a step's prefill runs (docs/KERNELS.md §6): absorbed (MQA over the latent cache, the
+// decode form), expanded (MHA over keys expanded per head; tensor parallel only), or auto: the one the cost
+// model of MlaLayer picks. Decode-only steps always run absorbed.
+enum class MlaPrefillForm { kAuto, kAbsorbed, kExpanded };
+
 struct StepContext {
   int64_t num_tokens = 0;
   Tensor token_ids;          // [T] I32
@@ -23,6 +28,7 @@ struct StepContext {
   Tensor kv_len;       // [T] I32: visible local keys of each query
   Tensor page_table;   // [pages] I32: local physical pages, sequence after sequence
   MlaBatch mla;
+  MlaPrefillForm mla_prefill = MlaPrefillForm::kAuto;
 
   Tensor logit_rows;  // [R] I32: rows whose logits the step returns
 };

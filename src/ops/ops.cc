@@ -22,6 +22,47 @@ void check_router_params(const RouterParams& p, int64_t experts, const char* op)
             p.topk_group * per_group, p.topk_group, per_group);
 }
 
+bool mla_expanded_heads_supported(int64_t nope, int64_t rope, int64_t v) {
+  return (nope == 128 && rope == 64 && v == 128) || (nope == 16 && rope == 8 && v == 16);
+}
+
+void check_mla_gather_keys(const Tensor& cache, const Tensor& page_table, const MlaSeq& seq,
+                           int64_t key_begin, int64_t count) {
+  HLM_CHECK(cache.rank() == 3 && page_table.rank() == 1,
+            "mla_gather_keys: cache {} and page_table {} must be [pages, P, D] and [N]", cache.describe(),
+            page_table.describe());
+  HLM_CHECK(seq.page_begin >= 0 && seq.num_pages >= 0 && seq.page_begin + seq.num_pages <= page_table.dim(0),
+            "mla_gather_keys: the sequence lists page_table entries [{}, {}), outside the {} entries",
+            seq.page_begin, seq.page_begin + seq.num_pages, page_table.dim(0));
+  const int64_t keys = seq.num_pages * cache.dim(1);
+  HLM_CHECK(key_begin >= 0 && count >= 0 && key_begin + count <= keys,
+            "mla_gather_keys: keys [{}, {}) are outside the {} keys of the sequence's {} pages", key_begin,
+            key_begin + count, keys, seq.num_pages);
+}
+
+void check_mla_expanded_attention(const Tensor& q, const Tensor& k_nope, const Tensor& v, const Tensor& keys,
+                                  int64_t latent, const Tensor& kv_len, int64_t key_begin, bool merge,
+                                  const Tensor& out, const Tensor& stats) {
+  const char* op = "mla_expanded_attention";
+  HLM_CHECK(
+      q.rank() == 3 && k_nope.rank() == 3 && v.rank() == 3 && keys.rank() == 2 && kv_len.rank() == 1,
+      "{}: q {}, k_nope {}, v {}, keys {} and kv_len {} must be [T, H, nope + R], [N, H, nope], [N, H, V], "
+      "[N, L + R] and [T]",
+      op, q.describe(), k_nope.describe(), v.describe(), keys.describe(), kv_len.describe());
+  const int64_t n = k_nope.dim(0), heads = q.dim(1), nope = k_nope.dim(2), rope = q.dim(2) - nope;
+  HLM_CHECK(k_nope.dim(1) == heads && v.dim(0) == n && v.dim(1) == heads && keys.dim(0) == n,
+            "{}: k_nope {}, v {} and keys {} must hold the same keys, for the {} heads of q {}", op,
+            k_nope.describe(), v.describe(), keys.describe(), heads, q.describe());
+  HLM_CHECK(kv_len.dim(0) == q.dim(0), "{}: kv_len {} must hold one length per query of q {}", op,
+            kv_len.describe(), q.describe());
+  HLM_CHECK(rope >= 0 && latent >= 0 && latent + rope == keys.dim(1),
+            "{}: q's width {} = nope {} + R needs keys {} of width L {} + R", op, q.dim(2), nope,
+            keys.describe(), latent);
+  HLM_CHECK(key_begin >= 0, "{}: key_begin {} is negative", op, key_begin);
+  HLM_CHECK(!merge || (out.defined() && stats.defined()),
+            "{}: merging needs the earlier chunks' out and stats", op);
+}
+
 void check_kda_decode_layer(const Tensor& proj, const KdaProjColumns& cols, const Tensor& conv_w,
                             const Tensor& f_b, const Tensor& g_b, const Tensor& conv_state,
                             const Tensor& state, const char* op) {

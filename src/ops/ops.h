@@ -53,6 +53,22 @@ struct MlaSeq {
   int64_t num_pages = 0;
 };
 
+// The head shapes (nope, R, V) the GPU kernel of the expanded (MHA) form of MLA is built for: Kimi Linear's
+// and K3's (128, 64, 128), and the test fixtures' (16, 8, 16). Models with other heads keep the absorbed
+// form.
+bool mla_expanded_heads_supported(int64_t nope, int64_t rope, int64_t v);
+
+// mla_gather_keys's range rule (Ops below), the same for every backend: the sequence's page_table entries
+// inside page_table [N], keys [key_begin, key_begin + count) inside its pages of a cache [pages, P, D].
+void check_mla_gather_keys(const Tensor& cache, const Tensor& page_table, const MlaSeq& seq,
+                           int64_t key_begin, int64_t count);
+// The shapes mla_expanded_attention (Ops below) needs, the same for every backend: q [T, H, nope + R],
+// k_nope [N, H, nope], v [N, H, V], keys [N, L + R], kv_len [T], key_begin >= 0, and with merge the
+// earlier chunks' out and stats. Throws naming the op and the tensor.
+void check_mla_expanded_attention(const Tensor& q, const Tensor& k_nope, const Tensor& v, const Tensor& keys,
+                                  int64_t latent, const Tensor& kv_len, int64_t key_begin, bool merge,
+                                  const Tensor& out, const Tensor& stats);
+
 // MLA sequences in both forms, as SeqBatch: `table` is I32 [S, 4] (token_begin, token_count, page_begin,
 // num_pages) in device memory for a device backend.
 struct MlaBatch {
@@ -355,6 +371,24 @@ class Ops {
   // Exact merge of partial attentions: parts [R, T, H, V], stats [R, T, H, 2] -> [T, H, V].
   // Sources with (-inf, 0) get weight 0; a row with no keys anywhere gives 0.
   virtual Tensor lse_combine(const Tensor& parts, const Tensor& stats) = 0;
+
+  // The expanded (MHA) form of MLA for long prefill chunks (docs/MODEL.md §6.1, docs/KERNELS.md §6): the
+  // keys are expanded per head through W_UK and W_UV, in chunks of a sequence's local keys.
+  // mla_gather_keys: the cache rows of local keys [key_begin, key_begin + count) of sequence `seq` (its
+  // pages listed in page_table) -> [count, D].
+  virtual Tensor mla_gather_keys(const Tensor& cache, const Tensor& page_table, const MlaSeq& seq,
+                                 int64_t key_begin, int64_t count) = 0;
+  // Attention of q [T, H, nope + R] over one chunk of N keys, k[h] = [k_nope[h] | keys[:, L:L+R]] (the
+  // rope columns of the gathered rows keys [N, L + R], shared by all heads) and values v [N, H, V]. The
+  // chunk holds local keys [key_begin, key_begin + N); query t sees those below kv_len[t] (I32 [T]).
+  // merge false: out [T, H, V] and stats [T, H, 2] (F32) get the normalized attention over the chunk and
+  // its (max logit, Σ exp(logit − max)) as mla_attention's; rows seeing no key of the chunk get 0 and
+  // (-inf, 0). merge true: out and stats hold such a result over other keys, and the chunk is merged into
+  // it exactly (lse_combine's math, the earlier part first).
+  virtual void mla_expanded_attention(const Tensor& q, const Tensor& k_nope, const Tensor& v,
+                                      const Tensor& keys, int64_t latent, const Tensor& kv_len,
+                                      int64_t key_begin, float scale, bool merge, Tensor& out,
+                                      Tensor& stats) = 0;
 
   // --- MoE --------------------------------------------------------------------------------------------
   // Router of docs/MODEL.md §7.1 in fp32: x [T, D], w [E, D], bias [E] (selection only) ->

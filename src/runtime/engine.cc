@@ -163,6 +163,7 @@ StepContext Engine::build_context(const StepPlan& plan) {
   const Placement& place = kv_.placement();
   const int cp_rank = kv_.cp_rank();
   StepContext ctx;
+  ctx.mla_prefill = options_.mla_prefill;
   int64_t total = 0;
   for (const StepEntry& e : plan.entries) total += static_cast<int64_t>(e.tokens.size());
   ctx.num_tokens = total;

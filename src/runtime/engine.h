@@ -23,6 +23,7 @@ struct EngineOptions {
   int64_t max_seq_len = 4096;     // tokens per sequence
   int64_t num_pages = 0;          // MLA pages on this rank; 0: what max_batch sequences of max_seq_len need
   bool cuda_graphs = true;        // decode steps as graphs where the backend has them
+  MlaPrefillForm mla_prefill = MlaPrefillForm::kAuto;  // the form of MLA in steps that are not decode-only
 };
 
 class Engine {

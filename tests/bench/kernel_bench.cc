@@ -4,10 +4,11 @@
 // in one CUDA graph and the graph replayed (time per call, so launch gaps count as they do inside a decode
 // step); a prefill op runs eagerly. Inputs are random values generated on the GPU. Prints one JSON object per
 // case: the op, the shape, the median time and the bytes the op must move over the copy bandwidth measured in
-// the same process. --small-ops, --mla, --moe, --moe-prefill, --kda-decode, --kda-prefill and --skinny run
-// one group of cases alone.
+// the same process. --small-ops, --mla, --mla-prefill, --moe, --moe-prefill, --kda-decode, --kda-prefill and
+// --skinny run one group of cases alone.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <iostream>
@@ -316,6 +317,71 @@ void mla_decode_case(Ops& ops, int64_t batch, int64_t heads, int64_t keys, doubl
         t, bytes, bw);
 }
 
+// MLA prefill of one sequence: `tokens` queries after `prefix` cached keys (causal), Kimi-Linear-48B's 32
+// heads, in both forms the layer can run: absorbed (mla_attention over the latent cache, q = [W_UKᵀ q_nope |
+// q_pe]), and expanded as MlaLayer::expanded_attention runs it (per chunk of kMlaExpandedKeyChunk keys:
+// gather, latent columns, the W_UK and W_UV GEMMs, the attention kernel), plus that attention kernel alone
+// on keys expanded beforehand. tflop_s counts each form's own attention FLOPs over the visible pairs
+// (2·(576 + 512) per pair and head absorbed, 2·(192 + 128) expanded); the expanded pipeline's also counts
+// its expansion GEMMs (2·512·256 per key and head).
+void mla_prefill_case(Ops& ops, int64_t tokens, int64_t prefix, double bw) {
+  constexpr int64_t kHeadsM = 32, kLatent = 512, kRope = 64, kNope = 128, kV = 128, kCacheDim = 576,
+                    kPage = 64;
+  constexpr int64_t kChunk = 8192;  // MlaLayer's kMlaExpandedKeyChunk
+  const int64_t keys = prefix + tokens, pages = (keys + kPage - 1) / kPage;
+  Tensor cache = random_tensor(ops, {pages, kPage, kCacheDim}, DType::kBF16, 1.0f, 0.0f, 61);
+  std::vector<int32_t> page_ids(pages), kv_len(tokens);
+  for (int64_t p = 0; p < pages; ++p) page_ids[p] = static_cast<int32_t>(p);
+  for (int64_t t = 0; t < tokens; ++t) kv_len[t] = static_cast<int32_t>(prefix + t + 1);
+  const MlaSeq seq{0, tokens, 0, pages};
+  MlaBatch mla({seq});
+  mla.table = device_i32(ops, {1, 4}, {0, static_cast<int32_t>(tokens), 0, static_cast<int32_t>(pages)});
+  const Tensor page_table = device_i32(ops, {pages}, page_ids);
+  const Tensor lens = device_i32(ops, {tokens}, kv_len);
+  const Tensor w_uk = random_tensor(ops, {kHeadsM * kNope, kLatent}, DType::kBF16, 0.05f, 0.0f, 62);
+  const Tensor w_uv = random_tensor(ops, {kHeadsM * kV, kLatent}, DType::kBF16, 0.05f, 0.0f, 63);
+  const Tensor q = random_tensor(ops, {tokens, kHeadsM, kNope + kRope}, DType::kBF16, 1.0f, 0.0f, 64);
+  const Tensor q_abs = random_tensor(ops, {tokens, kHeadsM, kCacheDim}, DType::kBF16, 1.0f, 0.0f, 65);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kNope + kRope));
+  const double pairs = static_cast<double>(tokens) * static_cast<double>(prefix) +
+                       0.5 * static_cast<double>(tokens) * static_cast<double>(tokens + 1);
+  const double expand_flops = 2.0 * kLatent * (kNope + kV) * kHeadsM * static_cast<double>(keys);
+  const nlohmann::json shape{{"tokens", tokens}, {"prefix", prefix}, {"heads", kHeadsM}};
+  auto report = [&](const char* name, double flops, const std::function<void()>& op) {
+    nlohmann::json j = shape;
+    j["op"] = name;
+    const double t = eager_seconds(ops, op);
+    j["tflop_s"] = flops / t / 1e12;
+    print(j, t, static_cast<double>(keys) * kCacheDim * 2, bw);
+  };
+
+  Tensor out = ops.empty({tokens, kHeadsM, kLatent}, DType::kF32),
+         stats = ops.empty({tokens, kHeadsM, 2}, DType::kF32);
+  report("mla_prefill_absorbed", pairs * kHeadsM * 2.0 * (kCacheDim + kLatent),
+         [&] { ops.mla_attention(q_abs, cache, page_table, mla, lens, scale, kLatent, out, stats); });
+  Tensor out_e = ops.empty({tokens, kHeadsM, kV}, DType::kF32),
+         stats_e = ops.empty({tokens, kHeadsM, 2}, DType::kF32);
+  report("mla_prefill_expanded", pairs * kHeadsM * 2.0 * (kNope + kRope + kV) + expand_flops, [&] {
+    for (int64_t k0 = 0; k0 < pages * kPage; k0 += kChunk) {
+      const int64_t n = std::min(kChunk, pages * kPage - k0);
+      const Tensor rows = ops.mla_gather_keys(cache, page_table, seq, k0, n);
+      const Tensor latent = ops.slice_last(rows, 0, kLatent);
+      const Tensor k_nope = ops.linear(latent, w_uk).reshape({n, kHeadsM, kNope});
+      const Tensor v = ops.linear(latent, w_uv).reshape({n, kHeadsM, kV});
+      ops.mla_expanded_attention(q, k_nope, v, rows, kLatent, lens, k0, scale, k0 > 0, out_e, stats_e);
+    }
+  });
+  if (keys <= kChunk) {
+    const Tensor rows = ops.mla_gather_keys(cache, page_table, seq, 0, pages * kPage);
+    const Tensor latent = ops.slice_last(rows, 0, kLatent);
+    const Tensor k_nope = ops.linear(latent, w_uk).reshape({pages * kPage, kHeadsM, kNope});
+    const Tensor v = ops.linear(latent, w_uv).reshape({pages * kPage, kHeadsM, kV});
+    report("mla_prefill_expanded_attention_only", pairs * kHeadsM * 2.0 * (kNope + kRope + kV), [&] {
+      ops.mla_expanded_attention(q, k_nope, v, rows, kLatent, lens, 0, scale, false, out_e, stats_e);
+    });
+  }
+}
+
 // The routed experts alone (moe_experts: work list, gate|up, down, combine) at a batch of `tokens` (a
 // decode batch, or a prefill chunk with --moe-prefill, where tflop_s counts 6·T·k·D·I FLOPs),
 // each token routed to top_k distinct experts drawn at random. Every call of the captured graph takes
@@ -387,7 +453,7 @@ void moe_experts_case(Ops& ops, const char* model, int64_t local, int64_t hidden
 
 // Which cases a run takes: all of them, or one group (kSmallOps in 1 GB of device memory, so that a
 // profiler replaying their kernels has little memory to save and restore).
-enum class Cases { kAll, kSmallOps, kMla, kMoe, kMoePrefill, kKdaDecode, kKdaPrefill, kSkinny };
+enum class Cases { kAll, kSmallOps, kMla, kMlaPrefill, kMoe, kMoePrefill, kKdaDecode, kKdaPrefill, kSkinny };
 
 int run(Cases cases) {
   std::string why;
@@ -413,6 +479,9 @@ int run(Cases cases) {
       moe_experts_case(*ops, "kimi-linear-48b", 256, 2304, 1024, 8, false, tokens, bw);
   }
   if (all || cases == Cases::kSkinny) skinny_gemm_cases(*ops, bw);
+  if (all || cases == Cases::kMlaPrefill) {
+    for (int64_t prefix : {0, 24576}) mla_prefill_case(*ops, 8192, prefix, bw);
+  }
   if (all || cases == Cases::kKdaDecode) {
     for (int64_t b : {1, 2, 4, 8, 16, 64}) kda_decode_cases(*ops, b, bw);
   }
@@ -433,20 +502,19 @@ int run(Cases cases) {
 
 int main(int argc, char** argv) {
   const std::string arg = argc == 2 ? argv[1] : "";
-  const std::pair<const char*, hlm::Cases> flags[] = {{"--small-ops", hlm::Cases::kSmallOps},
-                                                      {"--mla", hlm::Cases::kMla},
-                                                      {"--moe", hlm::Cases::kMoe},
-                                                      {"--moe-prefill", hlm::Cases::kMoePrefill},
-                                                      {"--kda-decode", hlm::Cases::kKdaDecode},
-                                                      {"--kda-prefill", hlm::Cases::kKdaPrefill},
-                                                      {"--skinny", hlm::Cases::kSkinny}};
+  const std::pair<const char*, hlm::Cases> flags[] = {
+      {"--small-ops", hlm::Cases::kSmallOps},     {"--mla", hlm::Cases::kMla},
+      {"--mla-prefill", hlm::Cases::kMlaPrefill}, {"--moe", hlm::Cases::kMoe},
+      {"--moe-prefill", hlm::Cases::kMoePrefill}, {"--kda-decode", hlm::Cases::kKdaDecode},
+      {"--kda-prefill", hlm::Cases::kKdaPrefill}, {"--skinny", hlm::Cases::kSkinny}};
   hlm::Cases cases = hlm::Cases::kAll;
   bool known = argc == 1;
   for (const auto& [flag, c] : flags) {
     if (argc == 2 && arg == flag) cases = c, known = true;
   }
   if (!known) {
-    std::cerr << "usage: kernel_bench [--small-ops | --mla | --moe | --moe-prefill | --kda-decode | "
+    std::cerr << "usage: kernel_bench [--small-ops | --mla | --mla-prefill | --moe | --moe-prefill | "
+                 "--kda-decode | "
                  "--kda-prefill | --skinny]\n";
     return 2;
   }

@@ -46,6 +46,24 @@ TEST_P(Golden, PrefillLogitsMatchReference) {
   }
 }
 
+// Each MLA prefill form, forced, against the reference and against the other (auto, above, picks one
+// per step by its cost model).
+TEST_P(Golden, BothMlaPrefillFormsMatchReference) {
+  std::vector<Tensor> forms;
+  for (const MlaPrefillForm form : {MlaPrefillForm::kAbsorbed, MlaPrefillForm::kExpanded}) {
+    EngineOptions o;
+    o.mla_prefill = form;
+    Runner runner(golden_.model_dir, Mapping::make(1, 1, 0), *comm_, o);
+    const std::vector<int32_t> ids = golden_.prompts.back().full_sequence();
+    forms.push_back(sequence_logits(runner.engine(), 1, ids, static_cast<int64_t>(ids.size())));
+    const float err = max_abs_diff(forms.back(), golden_.prompts.back().logits);
+    report(form == MlaPrefillForm::kAbsorbed ? "absorbed MLA prefill" : "expanded MLA prefill",
+           golden_.prompts.size() - 1, err);
+    EXPECT_LE(err, kLogitTolerance);
+  }
+  EXPECT_LE(max_abs_diff(forms[0], forms[1]), kChunkingTolerance);
+}
+
 TEST_P(Golden, DecodePathLogitsMatchReference) {
   for (size_t i = 0; i < golden_.prompts.size(); ++i) {
     const GoldenPrompt& p = golden_.prompts[i];

@@ -125,28 +125,8 @@ class CudaMla : public ::testing::Test {
     const Tensor out = gpu.to_host_f32(out_g), stats = gpu.to_host_f32(stats_g);
 
     EXPECT_LE(rel_l2(out, out_c), exact ? kExactRelL2 : kOutRelL2);
-    const double out_abs = exact ? kExactRelL2 : kOutAbs;
-    int64_t bad_rows = 0, empty_rows = 0;
-    for (int64_t r = 0; r < rows * heads; ++r) {
-      const float m_c = stats_c.data<float>()[2 * r], s_c = stats_c.data<float>()[2 * r + 1];
-      const float m_g = stats.data<float>()[2 * r], s_g = stats.data<float>()[2 * r + 1];
-      const float* o_g = out.data<float>() + r * v_dim;
-      const float* o_c = out_c.data<float>() + r * v_dim;
-      bool ok = true;
-      if (s_c == 0.0f) {  // no visible key: exactly (-inf, 0) and zeros
-        ++empty_rows;
-        ok = m_g == -kInf && s_g == 0.0f;
-        for (int64_t e = 0; e < v_dim; ++e) ok = ok && o_g[e] == 0.0f;
-      } else {
-        ok = std::abs(m_g - m_c) <= kMaxTol * (1.0 + std::abs(m_c)) && std::abs(s_g - s_c) <= kSumTol * s_c;
-        for (int64_t e = 0; e < v_dim; ++e) ok = ok && std::abs(o_g[e] - o_c[e]) <= out_abs;  // NaN fails
-      }
-      if (!ok && ++bad_rows <= 5) {
-        ADD_FAILURE() << "row " << r / heads << " head " << r % heads << ": stats (" << m_g << ", " << s_g
-                      << ") vs CPU (" << m_c << ", " << s_c << "), out[0] " << o_g[0] << " vs " << o_c[0];
-      }
-    }
-    EXPECT_EQ(bad_rows, 0);
+    const int64_t empty_rows = expect_attention_rows(out, stats, out_c, stats_c, heads, kMaxTol, kSumTol,
+                                                     exact ? kExactRelL2 : kOutAbs);
     EXPECT_GT(empty_rows, 0) << "each batch should hold rows without keys";
   }
 

@@ -53,11 +53,12 @@ class CudaGolden : public ::testing::TestWithParam<std::string> {
     }
     ASSERT_EQ(bound_.size(), golden_.prompts.size());
   }
-  std::unique_ptr<Runner> runner(bool graphs) {
+  std::unique_ptr<Runner> runner(bool graphs, MlaPrefillForm mla_prefill = MlaPrefillForm::kAuto) {
     EngineOptions o;
     o.max_seq_len = 512;
     o.max_batch = 4;
     o.cuda_graphs = graphs;
+    o.mla_prefill = mla_prefill;
     return std::make_unique<Runner>(golden_.model_dir, Mapping::make(1, 1, 0), *comm_, o, Device::kCuda);
   }
   void report(const std::string& what, size_t prompt, double err) {
@@ -85,6 +86,22 @@ TEST_P(CudaGolden, LogitsMatchReferenceThroughPrefillAndDecode) {
     report("prefill prompt + decode", i, decode);
     EXPECT_LE(prefill, bound_[i]) << "prompt " << i;
     EXPECT_LE(decode, bound_[i]) << "prompt " << i;
+  }
+}
+
+// Each MLA prefill form, forced, against the reference (auto picks one per step by its cost model).
+TEST_P(CudaGolden, BothMlaPrefillFormsMatchReference) {
+  for (const auto& [form, name] :
+       {std::pair{MlaPrefillForm::kAbsorbed, "absorbed"}, std::pair{MlaPrefillForm::kExpanded, "expanded"}}) {
+    auto r = runner(false, form);
+    for (size_t i = 0; i < golden_.prompts.size(); ++i) {
+      const GoldenPrompt& p = golden_.prompts[i];
+      const std::vector<int32_t> ids = p.full_sequence();
+      const double err =
+          rel_l2(sequence_logits(r->engine(), 1, ids, static_cast<int64_t>(ids.size())), p.logits);
+      report(std::string(name) + " MLA prefill", i, err);
+      EXPECT_LE(err, bound_[i]) << name << " prompt " << i;
+    }
   }
 }
 

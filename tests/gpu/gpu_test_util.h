@@ -64,4 +64,36 @@ inline double rel_l2(const Tensor& actual, const Tensor& expected) {
   return den == 0.0 ? std::sqrt(num) : std::sqrt(num / den);
 }
 
+// Partial attention results of the GPU (out [R, V], stats [R, 2] as (max, sum), host F32) against the CPU's,
+// row by row (R = rows · heads): a row the CPU gives no key must be exactly (-inf, 0) with zeros; any other
+// row's max within max_tol·(1 + |max|), sum within sum_tol relative, and every out element within out_abs
+// (NaN fails). Reports up to five bad rows; returns the number of rows without keys.
+inline int64_t expect_attention_rows(const Tensor& out, const Tensor& stats, const Tensor& out_c,
+                                     const Tensor& stats_c, int64_t heads, double max_tol, double sum_tol,
+                                     double out_abs) {
+  const int64_t rows = stats_c.numel() / 2, vd = out_c.numel() / rows;
+  int64_t bad = 0, empty = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float m_c = stats_c.data<float>()[2 * r], s_c = stats_c.data<float>()[2 * r + 1];
+    const float m_g = stats.data<float>()[2 * r], s_g = stats.data<float>()[2 * r + 1];
+    const float* o_g = out.data<float>() + r * vd;
+    const float* o_c = out_c.data<float>() + r * vd;
+    bool ok = true;
+    if (s_c == 0.0f) {
+      ++empty;
+      ok = m_g == -INFINITY && s_g == 0.0f;
+      for (int64_t e = 0; e < vd; ++e) ok = ok && o_g[e] == 0.0f;
+    } else {
+      ok = std::abs(m_g - m_c) <= max_tol * (1.0 + std::abs(m_c)) && std::abs(s_g - s_c) <= sum_tol * s_c;
+      for (int64_t e = 0; e < vd; ++e) ok = ok && std::abs(o_g[e] - o_c[e]) <= out_abs;
+    }
+    if (!ok && ++bad <= 5) {
+      ADD_FAILURE() << "row " << r / heads << " head " << r % heads << ": stats (" << m_g << ", " << s_g
+                    << ") vs CPU (" << m_c << ", " << s_c << "), out[0] " << o_g[0] << " vs " << o_c[0];
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  return empty;
+}
+
 }  // namespace hlm::test

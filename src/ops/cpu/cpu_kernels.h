@@ -74,6 +74,12 @@ void cache_write(const Tensor& entries, const Tensor& slots, Tensor& cache);
 void mla_attention(const Tensor& q, const Tensor& cache, const Tensor& page_table, const MlaBatch& seqs,
                    const Tensor& kv_len, float scale, int64_t v_dim, Tensor& out, Tensor& stats);
 Tensor lse_combine(const Tensor& parts, const Tensor& stats);
+// mla_expanded.cc
+Tensor mla_gather_keys(const Tensor& cache, const Tensor& page_table, const MlaSeq& seq, int64_t key_begin,
+                       int64_t count);
+void mla_expanded_attention(const Tensor& q, const Tensor& k_nope, const Tensor& v, const Tensor& keys,
+                            int64_t latent, const Tensor& kv_len, int64_t key_begin, float scale, bool merge,
+                            Tensor& out, Tensor& stats);
 // moe.cc
 void moe_route(const Tensor& x, const Tensor& w, const Tensor& bias, const RouterParams& p, Tensor& idx,
                Tensor& weights);

@@ -370,6 +370,15 @@ class CpuOps final : public Ops {
   Tensor lse_combine(const Tensor& parts, const Tensor& stats) override {
     return cpu::lse_combine(parts, stats);
   }
+  Tensor mla_gather_keys(const Tensor& cache, const Tensor& page_table, const MlaSeq& seq, int64_t key_begin,
+                         int64_t count) override {
+    return cpu::mla_gather_keys(cache, page_table, seq, key_begin, count);
+  }
+  void mla_expanded_attention(const Tensor& q, const Tensor& k_nope, const Tensor& v, const Tensor& keys,
+                              int64_t latent, const Tensor& kv_len, int64_t key_begin, float scale,
+                              bool merge, Tensor& out, Tensor& stats) override {
+    cpu::mla_expanded_attention(q, k_nope, v, keys, latent, kv_len, key_begin, scale, merge, out, stats);
+  }
 
   void moe_route(const Tensor& x, const Tensor& w, const Tensor& bias, const RouterParams& p, Tensor& idx,
                  Tensor& weights) override {

@@ -127,6 +127,15 @@ void mla_attention(CudaContext& ctx, const Tensor& q, const Tensor& cache, const
                    Tensor& stats);
 // parts [R, T, H, V] F32, stats [R, T, H, 2] F32 -> [T, H, V] F32.
 Tensor lse_combine(CudaContext& ctx, const Tensor& parts, const Tensor& stats);
+// --- MLA, expanded form (mla_expanded.cu) -----------------------------------------------------------------
+// cache [pages, P, D] BF16 -> [count, D] BF16.
+Tensor mla_gather_keys(CudaContext& ctx, const Tensor& cache, const Tensor& page_table, const MlaSeq& seq,
+                       int64_t key_begin, int64_t count);
+// q [T, H, nope + R] (BF16/F32), k_nope [N, H, nope], v [N, H, V], keys [N, L + R] BF16 -> out [T, H, V]
+// F32, stats [T, H, 2] F32 (nope + R <= 192, V <= 128).
+void mla_expanded_attention(CudaContext& ctx, const Tensor& q, const Tensor& k_nope, const Tensor& v,
+                            const Tensor& keys, int64_t latent, const Tensor& kv_len, int64_t key_begin,
+                            float scale, bool merge, Tensor& out, Tensor& stats);
 
 // --- MoE (moe_route.cu, moe_experts.cu) ------------------------------------------------------------------
 // x [T, D] (BF16/F32), w [E, D] (BF16/F32), bias [E] (F32/BF16) -> idx [T, k] I32, weights [T, k] F32.
