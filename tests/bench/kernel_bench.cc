@@ -481,6 +481,7 @@ int run(Cases cases) {
   if (all || cases == Cases::kSkinny) skinny_gemm_cases(*ops, bw);
   if (all || cases == Cases::kMlaPrefill) {
     for (int64_t prefix : {0, 24576}) mla_prefill_case(*ops, 8192, prefix, bw);
+    mla_prefill_case(*ops, 512, 32256, bw);  // a server-sized chunk against a long prefix
   }
   if (all || cases == Cases::kKdaDecode) {
     for (int64_t b : {1, 2, 4, 8, 16, 64}) kda_decode_cases(*ops, b, bw);

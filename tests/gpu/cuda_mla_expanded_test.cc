@@ -94,6 +94,16 @@ TEST_F(CudaMlaExpanded, KimiHeadsOneAndSeveralChunks) {
   check(*gpu, c, d.latent, {0, 100, 200, 300, 320}, true, "chunks of 100, F32 q");
 }
 
+// Enough query rows (1,100 of 32 heads: 5 row blocks of 256 per head, the last partial) that the kernel
+// takes its 256-row CTAs (two m16 tiles per warp), after 100 cached keys, in two chunks.
+TEST_F(CudaMlaExpanded, KimiHeadsWideTiling) {
+  HLM_GPU_OR_SKIP(gpu);
+  const Dims d{32, 128, 64, 128, 512};
+  const Case c = make_case(rng_, d, 1100, 100, 1216);
+  check(*gpu, c, d.latent, {0, 512, 1216}, false, "two chunks");
+  check(*gpu, c, d.latent, {0, 1216}, true, "one chunk, F32 q");
+}
+
 // The fixtures' widths (nope 16, rope 8, v 16: padded inside the tile) and a chunk whose queries start
 // with no cached keys (prefix 0).
 TEST_F(CudaMlaExpanded, SmallWidthsArePadded) {

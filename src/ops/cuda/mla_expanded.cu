@@ -5,13 +5,15 @@
 // latent rows (mla_gather_keys), expands them per head with two GEMMs (k_nope = c·W_UKᵀ, v = c·W_UVᵀ),
 // and runs this FlashAttention-2-style kernel over them.
 //
-// A CTA owns 64 consecutive queries of one head: 4 warps of 16 rows, Q held in registers as mma.sync A
-// fragments. Tiles of 64 keys (K = [k_nope of the head | the shared rope columns], V) stream through a
-// ring of two shared-memory stages with cp.async; per tile a warp computes S = Q·Kᵀ (fp32), the online
-// softmax in registers (4 lanes per row), and O += P·V with P rounded to bf16 straight from the S
-// accumulators. Keys past the CTA's last visible key are zero-filled, never read, so padding or stale
-// cache rows cannot turn into NaN; causality is kv_len per row. CTAs are ordered longest rows first.
-// With merge the result is combined with the earlier chunks' (out, stats) as lse_combine does.
+// A CTA owns consecutive queries of one head: 8 warps of 32 rows (two m16 tiles per warp share every K and
+// V fragment it reads from shared memory, Q read from shared memory per k-step), or for chunks too short
+// to fill the GPU with 256-row CTAs, 4 warps of 16 rows with Q held in registers. Tiles of 64 keys (K =
+// [k_nope of the head | the shared rope columns], V) stream through a ring of two shared-memory stages with
+// cp.async; per tile a warp computes S = Q·Kᵀ (fp32), the online softmax in registers (4 lanes per row), and
+// O += P·V with P rounded to bf16 straight from the S accumulators. Keys past the CTA's last visible key are
+// zero-filled, never read, so padding or stale cache rows cannot turn into NaN; causality is kv_len per row.
+// CTAs are ordered longest rows first. With merge the result is combined with the earlier chunks' (out,
+// stats) as lse_combine does.
 #include <cmath>
 
 #include "ops/cuda/async_copy.cuh"
@@ -23,16 +25,17 @@ namespace hlm::cuda {
 
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
-constexpr int kRows = 16 * kWarps;  // queries of one head per CTA
-constexpr int kKeys = 64;           // keys per tile
+constexpr int kKeys = 64;  // keys per tile
 constexpr float kLog2e = 1.4426950408889634f;
 
 // One head shape: nope, R and V exactly (loops and offsets fold to constants); kQk = nope + R and kV = V
 // rounded up to 16 (an mma k-step; a pair of n8 tiles), the columns past them zero in shared memory.
-template <int Nope_, int Rope_, int V_>
+template <int Nope_, int Rope_, int V_, int M_, int Warps_>
 struct ExpandedShape {
+  static constexpr int kM = M_;  // m16 row tiles per warp
+  static constexpr int kWarps = Warps_;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRows = 16 * kM * kWarps;  // queries of one head per CTA
   static constexpr int kNope = Nope_;
   static constexpr int kRope = Rope_;
   static constexpr int kVd = V_;
@@ -48,8 +51,9 @@ struct ExpandedShape {
   static constexpr size_t kQOffset = 2 * kStageBytes;
   static constexpr size_t kSmemBytes = kQOffset + size_t{kRows} * kLdK * 2;
 };
-using ExpandedKimi = ExpandedShape<128, 64, 128>;  // Kimi Linear and K3
-using ExpandedFixture = ExpandedShape<16, 8, 16>;  // the test fixtures
+using ExpandedKimiWide = ExpandedShape<128, 64, 128, 2, 8>;  // Kimi Linear and K3: 256 rows per CTA
+using ExpandedKimi = ExpandedShape<128, 64, 128, 1, 4>;      // the same heads, 64 rows per CTA
+using ExpandedFixture = ExpandedShape<16, 8, 16, 1, 4>;      // the test fixtures
 
 struct ExpandedParams {
   const void* q;       // [T, H, qk] BF16 or F32
@@ -73,7 +77,7 @@ template <class Shape, class TQ>
 __device__ void load_queries(const ExpandedParams& p, int head, int row0, bf16* q_s) {
   constexpr int kChunks = Shape::kQk / 8, qk = Shape::kNope + Shape::kRope;
 #pragma unroll
-  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+  for (int i = threadIdx.x; i < Shape::kRows * kChunks; i += Shape::kThreads) {
     const int r = i / kChunks, c = (i % kChunks) * 8, t = row0 + r;
     bf16* dst = q_s + r * Shape::kLdK + c;
     if (t < p.tokens && c < qk) {
@@ -96,7 +100,7 @@ __device__ __forceinline__ void load_tile(const ExpandedParams& p, int head, int
                                           bf16* v_s) {
   constexpr int kNopeChunks = Shape::kNope / 8, kRopeChunks = Shape::kRope / 8, kVChunks = Shape::kVd / 8;
 #pragma unroll
-  for (int i = threadIdx.x; i < kKeys * kNopeChunks; i += kThreads) {
+  for (int i = threadIdx.x; i < kKeys * kNopeChunks; i += Shape::kThreads) {
     const int r = i / kNopeChunks, c = (i % kNopeChunks) * 8, key = kb + r;
     const bool valid = key < limit;
     const bf16* src =
@@ -104,14 +108,14 @@ __device__ __forceinline__ void load_tile(const ExpandedParams& p, int head, int
     cp_async16(k_s + r * Shape::kLdK + c, src, valid);
   }
 #pragma unroll
-  for (int i = threadIdx.x; i < kKeys * kRopeChunks; i += kThreads) {
+  for (int i = threadIdx.x; i < kKeys * kRopeChunks; i += Shape::kThreads) {
     const int r = i / kRopeChunks, c = (i % kRopeChunks) * 8, key = kb + r;
     const bool valid = key < limit;
     const bf16* src = valid ? p.keys + static_cast<int64_t>(key) * p.width + p.latent + c : p.keys;
     cp_async16(k_s + r * Shape::kLdK + Shape::kNope + c, src, valid);
   }
 #pragma unroll
-  for (int i = threadIdx.x; i < kKeys * kVChunks; i += kThreads) {
+  for (int i = threadIdx.x; i < kKeys * kVChunks; i += Shape::kThreads) {
     const int r = i / kVChunks, c = (i % kVChunks) * 8, key = kb + r;
     const bool valid = key < limit;
     const bf16* src = valid ? p.v + (static_cast<int64_t>(key) * p.heads + head) * Shape::kVd + c : p.v;
@@ -120,8 +124,10 @@ __device__ __forceinline__ void load_tile(const ExpandedParams& p, int head, int
 }
 
 template <class Shape, class TQ>
-__global__ void __launch_bounds__(kThreads, 2) mla_expanded_kernel(const ExpandedParams p) {
-  constexpr int kQk = Shape::kQk, kV = Shape::kV, kLdK = Shape::kLdK, kLdV = Shape::kLdV;
+__global__ void __launch_bounds__(Shape::kThreads, Shape::kM == 1 ? 2 : 1)
+    mla_expanded_kernel(const ExpandedParams p) {
+  constexpr int kQk = Shape::kQk, kV = Shape::kV, kLdK = Shape::kLdK, kLdV = Shape::kLdV, kM = Shape::kM;
+  constexpr int kThreads = Shape::kThreads, kRows = Shape::kRows;
   constexpr int kKSteps = kQk / 16, kVTiles = kV / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* q_s = reinterpret_cast<bf16*>(smem + Shape::kQOffset);  // [kRows][kLdK]
@@ -155,20 +161,34 @@ __global__ void __launch_bounds__(kThreads, 2) mla_expanded_kernel(const Expande
   }
   load_queries<Shape, TQ>(p, head, row0, q_s);
   __syncthreads();
-  if (tid < kRows) atomicMax(&visible_max, visible_of(row0 + tid));
-  const int row_lo = row0 + warp * 16 + g, row_hi = row_lo + 8;
-  const int vis_lo = visible_of(row_lo), vis_hi = visible_of(row_hi);
-  uint32_t qf[kKSteps][4];  // A fragments of the warp's 16 rows
-  for (int ks = 0; ks < kKSteps; ++ks) {
-    ldsm_x4(qf[ks], q_s + (warp * 16 + (lane & 15)) * kLdK + ks * 16 + (lane >> 4) * 8);
+  for (int i = tid; i < kRows; i += kThreads) atomicMax(&visible_max, visible_of(row0 + i));
+  // This lane's rows: 2m (row g of m-tile m) and 2m + 1 (row g + 8).
+  const int warp_row0 = row0 + warp * 16 * kM;
+  int vis[2 * kM];
+#pragma unroll
+  for (int r = 0; r < 2 * kM; ++r) vis[r] = visible_of(warp_row0 + (r >> 1) * 16 + g + (r & 1) * 8);
+  int vis_min = vis[0];
+#pragma unroll
+  for (int r = 1; r < 2 * kM; ++r) vis_min = min(vis_min, vis[r]);
+  // With one m-tile Q stays in registers; with two it is read from shared memory per k-step.
+  uint32_t qf[kM == 1 ? kKSteps : 1][4];
+  if constexpr (kM == 1) {
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      ldsm_x4(qf[ks], q_s + (warp * 16 + (lane & 15)) * kLdK + ks * 16 + (lane >> 4) * 8);
+    }
   }
   __syncthreads();
   const int limit = visible_max;
   const int tiles = (limit + kKeys - 1) / kKeys;
 
-  float o[kVTiles][4] = {};
-  float m_lo = -INFINITY, m_hi = -INFINITY;  // running max of the raw scores q·k
-  float l_lo = 0.0f, l_hi = 0.0f;            // this lane's share of Σ exp
+  float o[kM][kVTiles][4] = {};
+  float m_run[2 * kM], l_run[2 * kM];  // running max of the raw scores q·k; this lane's share of Σ exp
+#pragma unroll
+  for (int r = 0; r < 2 * kM; ++r) {
+    m_run[r] = -INFINITY;
+    l_run[r] = 0.0f;
+  }
   const float scale_log2 = p.scale * kLog2e;
   if (tiles > 0) load_tile<Shape>(p, head, 0, limit, k_stage(0), v_stage(0));
   cp_async_commit();
@@ -181,115 +201,160 @@ __global__ void __launch_bounds__(kThreads, 2) mla_expanded_kernel(const Expande
     const bf16* k_s = k_stage(j & 1);
     const bf16* v_s = v_stage(j & 1);
 
-    float s[kKeys / 8][4] = {};  // [key n8 tile][row g: 0, 1; row g + 8: 2, 3]
+    float s[kM][kKeys / 8][4] = {};  // [m-tile][key n8 tile][row g: 0, 1; row g + 8: 2, 3]
+#pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
+      uint32_t a[kM][4];
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        if constexpr (kM == 1) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) a[m][e] = qf[ks][e];
+        } else {
+          ldsm_x4(a[m], q_s + (warp * 16 * kM + m * 16 + (lane & 15)) * kLdK + ks * 16 + (lane >> 4) * 8);
+        }
+      }
+#pragma unroll
       for (int np = 0; np < kKeys / 16; ++np) {
         uint32_t b[4];
         ldsm_x4(b,
                 k_s + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * kLdK + ks * 16 + ((lane >> 3) & 1) * 8);
-        mma_bf16(s[2 * np], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b[0], b[1]);
-        mma_bf16(s[2 * np + 1], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b[2], b[3]);
-      }
-    }
-    const int kb = j * kKeys;
-    if (kb + kKeys > min(vis_lo, vis_hi)) {  // the tile reaches past a row's last visible key
-      for (int nt = 0; nt < kKeys / 8; ++nt) {
-        for (int e = 0; e < 4; ++e) {
-          const int key = kb + nt * 8 + c2 + (e & 1);
-          if (key >= (e < 2 ? vis_lo : vis_hi)) s[nt][e] = -INFINITY;
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          mma_bf16(s[m][2 * np], a[m][0], a[m][1], a[m][2], a[m][3], b[0], b[1]);
+          mma_bf16(s[m][2 * np + 1], a[m][0], a[m][1], a[m][2], a[m][3], b[2], b[3]);
         }
       }
     }
-    float mx_lo = m_lo, mx_hi = m_hi;
-    for (int nt = 0; nt < kKeys / 8; ++nt) {
-      mx_lo = fmaxf(mx_lo, fmaxf(s[nt][0], s[nt][1]));
-      mx_hi = fmaxf(mx_hi, fmaxf(s[nt][2], s[nt][3]));
+    const int kb = j * kKeys;
+    if (kb + kKeys > vis_min) {  // the tile reaches past a row's last visible key
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+#pragma unroll
+        for (int nt = 0; nt < kKeys / 8; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = kb + nt * 8 + c2 + (e & 1);
+            if (key >= vis[2 * m + (e >> 1)]) s[m][nt][e] = -INFINITY;
+          }
+        }
+      }
     }
-    for (int off = 1; off < 4; off <<= 1) {
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
+    float alpha[2 * kM], base[2 * kM];
+    bool rescale = false;
+#pragma unroll
+    for (int r = 0; r < 2 * kM; ++r) {
+      float mx = m_run[r];
+#pragma unroll
+      for (int nt = 0; nt < kKeys / 8; ++nt) {
+        mx = fmaxf(mx, fmaxf(s[r >> 1][nt][2 * (r & 1)], s[r >> 1][nt][2 * (r & 1) + 1]));
+      }
+#pragma unroll
+      for (int off = 1; off < 4; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      // A row with no visible key yet keeps max -inf: subtract 0 instead, so every exp is of -inf (0).
+      base[r] = mx == -INFINITY ? 0.0f : mx * scale_log2;
+      alpha[r] = exp2f(m_run[r] * scale_log2 - base[r]);
+      m_run[r] = mx;
+      l_run[r] *= alpha[r];
+      rescale = rescale || alpha[r] != 1.0f;
     }
-    // A row with no visible key yet keeps max -inf: subtract 0 instead, so every exp is of -inf (0).
-    const float base_lo = mx_lo == -INFINITY ? 0.0f : mx_lo * scale_log2;
-    const float base_hi = mx_hi == -INFINITY ? 0.0f : mx_hi * scale_log2;
-    const float alpha_lo = exp2f(m_lo * scale_log2 - base_lo), alpha_hi = exp2f(m_hi * scale_log2 - base_hi);
-    m_lo = mx_lo;
-    m_hi = mx_hi;
-    l_lo *= alpha_lo;
-    l_hi *= alpha_hi;
-    for (int vt = 0; vt < kVTiles; ++vt) {
-      o[vt][0] *= alpha_lo;
-      o[vt][1] *= alpha_lo;
-      o[vt][2] *= alpha_hi;
-      o[vt][3] *= alpha_hi;
+    // Past the first tiles a row's max rarely moves: alpha is then exactly 1 and the warp skips the rescale
+    // of O (64·kM multiplies per lane).
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+#pragma unroll
+        for (int vt = 0; vt < kVTiles; ++vt) {
+          o[m][vt][0] *= alpha[2 * m];
+          o[m][vt][1] *= alpha[2 * m];
+          o[m][vt][2] *= alpha[2 * m + 1];
+          o[m][vt][3] *= alpha[2 * m + 1];
+        }
+      }
     }
-    for (int nt = 0; nt < kKeys / 8; ++nt) {
-      s[nt][0] = exp2f(s[nt][0] * scale_log2 - base_lo);
-      s[nt][1] = exp2f(s[nt][1] * scale_log2 - base_lo);
-      s[nt][2] = exp2f(s[nt][2] * scale_log2 - base_hi);
-      s[nt][3] = exp2f(s[nt][3] * scale_log2 - base_hi);
-      l_lo += s[nt][0] + s[nt][1];
-      l_hi += s[nt][2] + s[nt][3];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+#pragma unroll
+      for (int nt = 0; nt < kKeys / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = 2 * m + (e >> 1);
+          s[m][nt][e] = exp2f(s[m][nt][e] * scale_log2 - base[r]);
+          l_run[r] += s[m][nt][e];
+        }
+      }
     }
     // O += P·V: the S accumulators of key tiles 2kk and 2kk + 1 are the A fragment of k-step kk.
+#pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
-      const uint32_t a0 = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]),
-                     a1 = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
-      const uint32_t a2 = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      const uint32_t a3 = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      uint32_t a[kM][4];
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        a[m][0] = pack_bf16x2(s[m][2 * kk][0], s[m][2 * kk][1]);
+        a[m][1] = pack_bf16x2(s[m][2 * kk][2], s[m][2 * kk][3]);
+        a[m][2] = pack_bf16x2(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
+        a[m][3] = pack_bf16x2(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+      }
+#pragma unroll
       for (int vp = 0; vp < kV / 16; ++vp) {
         uint32_t b[4];
         ldsm_x4_trans(
             b, v_s + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kLdV + vp * 16 + (lane >> 4) * 8);
-        mma_bf16(o[2 * vp], a0, a1, a2, a3, b[0], b[1]);
-        mma_bf16(o[2 * vp + 1], a0, a1, a2, a3, b[2], b[3]);
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          mma_bf16(o[m][2 * vp], a[m][0], a[m][1], a[m][2], a[m][3], b[0], b[1]);
+          mma_bf16(o[m][2 * vp + 1], a[m][0], a[m][1], a[m][2], a[m][3], b[2], b[3]);
+        }
       }
     }
     __syncthreads();  // every warp is done with this stage before the next iteration refills it
   }
   cp_async_wait<0>();
 
-  for (int off = 1; off < 4; off <<= 1) {
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
+#pragma unroll
+  for (int r = 0; r < 2 * kM; ++r) {
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], off);
   }
   // With merge, every lane reads the earlier chunks' stats of its rows before the row's first lane
   // overwrites them.
-  float2 old[2] = {make_float2(-INFINITY, 0.0f), make_float2(-INFINITY, 0.0f)};
-  if (p.merge) {
-    for (int half = 0; half < 2; ++half) {
-      const int t = half == 0 ? row_lo : row_hi;
-      if (t < p.tokens)
-        old[half] =
-            *reinterpret_cast<const float2*>(p.stats + (static_cast<int64_t>(t) * p.heads + head) * 2);
-    }
-    __syncwarp();
+  float2 old[2 * kM];
+#pragma unroll
+  for (int r = 0; r < 2 * kM; ++r) {
+    const int t = warp_row0 + (r >> 1) * 16 + g + (r & 1) * 8;
+    old[r] = p.merge && t < p.tokens
+                 ? *reinterpret_cast<const float2*>(p.stats + (static_cast<int64_t>(t) * p.heads + head) * 2)
+                 : make_float2(-INFINITY, 0.0f);
   }
-  for (int half = 0; half < 2; ++half) {
-    const int t = half == 0 ? row_lo : row_hi;
+  __syncwarp();
+#pragma unroll
+  for (int r = 0; r < 2 * kM; ++r) {
+    const int t = warp_row0 + (r >> 1) * 16 + g + (r & 1) * 8, m_tile = r >> 1, half = r & 1;
     if (t >= p.tokens) continue;
-    const float sum = half == 0 ? l_lo : l_hi;
-    const float max_logit = sum > 0.0f ? (half == 0 ? m_lo : m_hi) * p.scale : -INFINITY;
+    const float sum = l_run[r];
+    const float max_logit = sum > 0.0f ? m_run[r] * p.scale : -INFINITY;
     const int64_t row = static_cast<int64_t>(t) * p.heads + head;
     float* dst = p.out + row * Shape::kVd;
     float2* st = reinterpret_cast<float2*>(p.stats + row * 2);
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     if (!p.merge) {
+#pragma unroll
       for (int vt = 0; vt < kVTiles; ++vt) {
         const int col = vt * 8 + c2;
         if (col < Shape::kVd) {
           *reinterpret_cast<float2*>(dst + col) =
-              make_float2(o[vt][2 * half] * inv, o[vt][2 * half + 1] * inv);
+              make_float2(o[m_tile][vt][2 * half] * inv, o[m_tile][vt][2 * half + 1] * inv);
         }
       }
       if ((lane & 3) == 0) *st = make_float2(max_logit, sum);
       continue;
     }
     // lse_combine over (earlier chunks, this chunk).
-    const float m = fmaxf(old[half].x, max_logit);
+    const float m = fmaxf(old[r].x, max_logit);
     if (m == -INFINITY) continue;  // no key in either: stays 0, (-inf, 0)
-    const float w0 = old[half].y * expf(old[half].x - m), w1 = sum * expf(max_logit - m);
+    const float w0 = old[r].y * expf(old[r].x - m), w1 = sum * expf(max_logit - m);
     const float denom = w0 + w1;
+#pragma unroll
     for (int vt = 0; vt < kVTiles; ++vt) {
       const int col = vt * 8 + c2;
       if (col >= Shape::kVd) continue;
@@ -300,8 +365,8 @@ __global__ void __launch_bounds__(kThreads, 2) mla_expanded_kernel(const Expande
         y.y += w0 / denom * prev.y;
       }
       if (w1 != 0.0f) {
-        y.x += w1 / denom * (o[vt][2 * half] * inv);
-        y.y += w1 / denom * (o[vt][2 * half + 1] * inv);
+        y.x += w1 / denom * (o[m_tile][vt][2 * half] * inv);
+        y.y += w1 / denom * (o[m_tile][vt][2 * half + 1] * inv);
       }
       *reinterpret_cast<float2*>(dst + col) = y;
     }
@@ -315,8 +380,8 @@ void launch_mla_expanded(const ExpandedParams& p, cudaStream_t stream) {
   static const cudaError_t opt_in = cudaFuncSetAttribute(
       mla_expanded_kernel<Shape, TQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes);
   HLM_CUDA_CHECK(opt_in);
-  const dim3 grid(static_cast<unsigned>(p.heads), blocks_for(p.tokens, kRows));
-  mla_expanded_kernel<Shape, TQ><<<grid, kThreads, Shape::kSmemBytes, stream>>>(p);
+  const dim3 grid(static_cast<unsigned>(p.heads), blocks_for(p.tokens, Shape::kRows));
+  mla_expanded_kernel<Shape, TQ><<<grid, Shape::kThreads, Shape::kSmemBytes, stream>>>(p);
   HLM_CHECK_LAUNCH("mla_expanded_attention");
 }
 
@@ -412,8 +477,12 @@ void mla_expanded_attention(CudaContext& ctx, const Tensor& q, const Tensor& k_n
   p.key_begin = static_cast<int>(key_begin);
   p.scale = scale;
   p.merge = merge;
+  // 32 rows per warp halve the shared-memory reads per mma and ran 24% faster on an H200 (docs/benchmarks.md,
+  // "MLA prefill: the expanded form"); their 256-row CTAs need a chunk long enough to fill the GPU.
   const bool kimi = nope == ExpandedKimi::kNope, bf16_q = q.dtype() == DType::kBF16;
-  switch ((kimi ? 2 : 0) + (bf16_q ? 1 : 0)) {
+  const bool wide =
+      kimi && static_cast<int64_t>(blocks_for(tokens, ExpandedKimiWide::kRows)) * heads >= ctx.sm_count();
+  switch ((kimi ? (wide ? 4 : 2) : 0) + (bf16_q ? 1 : 0)) {
     case 0:
       launch_mla_expanded<ExpandedFixture, float>(p, ctx.stream());
       break;
@@ -423,8 +492,14 @@ void mla_expanded_attention(CudaContext& ctx, const Tensor& q, const Tensor& k_n
     case 2:
       launch_mla_expanded<ExpandedKimi, float>(p, ctx.stream());
       break;
-    default:
+    case 3:
       launch_mla_expanded<ExpandedKimi, bf16>(p, ctx.stream());
+      break;
+    case 4:
+      launch_mla_expanded<ExpandedKimiWide, float>(p, ctx.stream());
+      break;
+    default:
+      launch_mla_expanded<ExpandedKimiWide, bf16>(p, ctx.stream());
       break;
   }
 }
