@@ -44,7 +44,7 @@ void add_session_options(CLI::App& cmd, SessionOptions& o) {
   cmd.add_option(
          "--mla-prefill", o.engine.mla_prefill,
          "MLA form of prefill steps: absorbed (the decode form), expanded (per-head keys; cp = 1 only), "
-         "or auto (a cost model picks per step)")
+         "or auto (a cost model picks per sequence)")
       ->transform(CLI::CheckedTransformer(
           std::map<std::string, MlaPrefillForm>{{"auto", MlaPrefillForm::kAuto},
                                                 {"absorbed", MlaPrefillForm::kAbsorbed},

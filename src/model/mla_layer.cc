@@ -55,51 +55,52 @@ Tensor MlaLayer::project_queries(const LayerEnv& env, const Tensor& x, const Ten
   return q.reshape({t, tp_heads_, qk});  // [T, H/tp, nope + R]
 }
 
-bool MlaLayer::use_expanded(const LayerEnv& env, const StepContext& ctx) const {
+std::vector<bool> MlaLayer::expanded_seqs(const LayerEnv& env, const StepContext& ctx) const {
   const ModelConfig& c = env.cfg;
-  if (ctx.decode_only || ctx.mla_prefill == MlaPrefillForm::kAbsorbed) return false;
+  const std::vector<MlaSeq>& seqs = ctx.mla.seqs;
+  std::vector<bool> expanded(seqs.size(), false);
+  if (ctx.decode_only || ctx.mla_prefill == MlaPrefillForm::kAbsorbed) return expanded;
   const bool applies = env.mapping.cp == 1 &&
                        mla_expanded_heads_supported(c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim);
   if (ctx.mla_prefill == MlaPrefillForm::kExpanded) {
     HLM_CHECK(applies,
               "the expanded MLA prefill needs cp = 1 (got {}) and heads (nope, R, V) of (128, 64, 128) or "
-              "(16, 8, 16) "
-              "(got ({}, {}, {}))",
+              "(16, 8, 16) (got ({}, {}, {}))",
               env.mapping.cp, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim);
-    return true;
+    for (size_t i = 0; i < seqs.size(); ++i) expanded[i] = seqs[i].token_count > 0;
+    return expanded;
   }
-  if (!applies) return false;
-  // Estimated seconds of each form for this step's sequences, at rates measured on an H200
-  // (docs/benchmarks.md, "MLA prefill: the expanded form"): the absorbed kernel at 150 TFLOP/s of its FLOPs;
-  // the expansion GEMMs, plus the bytes each expanded key moves (gather, the latent copy, K and V written
-  // and read once); the expanded kernel at 250 TFLOP/s (290 with the 256-row CTAs of long chunks, 235
-  // with the 64-row ones). Causality halves both attention terms alike, so the estimate counts every
-  // (query, key) pair. The forms break even near 90 queries per key.
+  if (!applies) return expanded;
+  // Estimated seconds of each form for a sequence, at rates measured on an H200 (docs/benchmarks.md, "MLA
+  // prefill: the expanded form"): the absorbed kernel at 150 TFLOP/s of its FLOPs; the expansion GEMMs,
+  // plus the bytes each expanded key moves (gather, the latent copy, K and V written and read once); the
+  // expanded kernel at 250 TFLOP/s (290 with the 256-row CTAs of long chunks, 235 with the 64-row ones).
+  // Causality halves both attention terms alike, so the estimate counts every (query, key) pair. The
+  // forms break even near 90 queries per key: decode tokens and short chunks stay absorbed.
   constexpr double kAbsorbedFlops = 150e12, kGemmFlops = 400e12, kExpandedFlops = 250e12, kBytesPerS = 3e12;
   const double h = static_cast<double>(tp_heads_), lat = static_cast<double>(c.kv_lora_rank);
   const double width = static_cast<double>(c.mla_cache_dim()), qk = static_cast<double>(c.qk_head_dim());
   const double nope = static_cast<double>(c.qk_nope_head_dim), vd = static_cast<double>(c.v_head_dim);
   const double key_bytes = 2.0 * (2.0 * width + lat + 2.0 * h * (nope + vd));
   const double page_size = static_cast<double>(cache_.dim(1));
-  double absorbed = 0.0, expanded = 0.0;
-  for (const MlaSeq& s : ctx.mla.seqs) {
-    const double keys = static_cast<double>(s.num_pages) * page_size;
-    const double pairs = static_cast<double>(s.token_count) * keys * h;
-    absorbed += pairs * 2.0 * (width + lat) / kAbsorbedFlops;
-    expanded += keys * (h * 2.0 * lat * (nope + vd) / kGemmFlops + key_bytes / kBytesPerS) +
-                pairs * 2.0 * (qk + vd) / kExpandedFlops;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const double keys = static_cast<double>(seqs[i].num_pages) * page_size;
+    const double pairs = static_cast<double>(seqs[i].token_count) * keys * h;
+    const double absorbed = pairs * 2.0 * (width + lat) / kAbsorbedFlops;
+    const double expansion = keys * (h * 2.0 * lat * (nope + vd) / kGemmFlops + key_bytes / kBytesPerS);
+    expanded[i] = seqs[i].token_count > 0 && expansion + pairs * 2.0 * (qk + vd) / kExpandedFlops < absorbed;
   }
-  return expanded < absorbed;
+  return expanded;
 }
 
-Tensor MlaLayer::absorbed_attention(const LayerEnv& env, const Tensor& q, const StepContext& ctx,
-                                    float scale) {
+Tensor MlaLayer::absorbed_attention(const LayerEnv& env, const Tensor& q, const MlaBatch& seqs,
+                                    const StepContext& ctx, float scale) {
   const ModelConfig& c = env.cfg;
   Ops& ops = env.ops;
   const int64_t t = q.dim(0), lat = c.kv_lora_rank, cp = env.mapping.cp;
   Tensor part = ops.empty({t, tp_heads_, lat}, DType::kF32);  // [T, H/tp, L]
   Tensor stats = ops.empty({t, tp_heads_, 2}, DType::kF32);   // [T, H/tp, 2]
-  ops.mla_attention(q, cache_, ctx.page_table, ctx.mla, ctx.kv_len, scale, lat, part, stats);
+  ops.mla_attention(q, cache_, ctx.page_table, seqs, ctx.kv_len, scale, lat, part, stats);
 
   Tensor context = part;  // [T, H/N, L]
   if (cp > 1) {
@@ -118,17 +119,18 @@ Tensor MlaLayer::absorbed_attention(const LayerEnv& env, const Tensor& q, const 
 }
 
 Tensor MlaLayer::expanded_attention(const LayerEnv& env, const Tensor& q, const StepContext& ctx,
-                                    float scale) {
+                                    const std::vector<bool>& expanded, float scale) {
   const ModelConfig& c = env.cfg;
   Ops& ops = env.ops;
   const int64_t t = q.dim(0), lat = c.kv_lora_rank, nope = c.qk_nope_head_dim, vd = c.v_head_dim;
   const int64_t page_size = cache_.dim(1);
   const Tensor w_uk = w_uk_.reshape({tp_heads_ * nope, lat});  // [H·nope, L]
   const Tensor w_uv = w_uv_.reshape({tp_heads_ * vd, lat});    // [H·v, L] (cp = 1: H/N = H/tp)
-  Tensor out = ops.zeros({t, tp_heads_, vd}, DType::kF32);     // [T, H, v]; rows of no sequence stay 0
+  Tensor out = ops.zeros({t, tp_heads_, vd}, DType::kF32);     // [T, H, v]; other rows stay 0
   Tensor stats = ops.empty({t, tp_heads_, 2}, DType::kF32);    // [T, H, 2]
-  for (const MlaSeq& s : ctx.mla.seqs) {
-    if (s.token_count == 0) continue;
+  for (size_t i = 0; i < ctx.mla.seqs.size(); ++i) {
+    const MlaSeq& s = ctx.mla.seqs[i];
+    if (!expanded[i]) continue;
     const int64_t end = s.token_begin + s.token_count, keys_total = s.num_pages * page_size;
     const Tensor q_s = q.slice(s.token_begin, end);
     const Tensor kv_len_s = ctx.kv_len.slice(s.token_begin, end);
@@ -156,14 +158,41 @@ Tensor MlaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext
   const Tensor ckv = in_proj_.part(ops, x, proj, kKvA);  // [T, L + R]
   ops.mla_cache_write(ckv, lat, kv_a_norm_, kLatentNormEps, ctx.write_slots, cache_);
   ops.end_side();
-  const bool expanded = use_expanded(env, ctx);
-  Tensor q = project_queries(env, x, proj);             // [T, H/tp, nope + R]
-  if (!expanded) q = ops.mla_absorb_queries(q, w_uk_);  // [T, H/tp, L + R]
+  // Each sequence runs the form its cost picks; a step may hold both (a prompt chunk beside decodes).
+  const std::vector<bool> expanded = expanded_seqs(env, ctx);
+  bool any_expanded = false, any_absorbed = false;
+  for (size_t i = 0; i < expanded.size(); ++i) {
+    any_expanded = any_expanded || expanded[i];
+    any_absorbed = any_absorbed || (!expanded[i] && ctx.mla.seqs[i].token_count > 0);
+  }
+  Tensor q = project_queries(env, x, proj);  // [T, H/tp, nope + R]
+  Tensor q_abs;                              // [T, H/tp, L + R]
+  if (any_absorbed || !any_expanded) q_abs = ops.mla_absorb_queries(q, w_uk_);
   ops.join_side();
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim()));
-  Tensor heads = expanded ? expanded_attention(env, q, ctx, scale)
-                          : absorbed_attention(env, q, ctx, scale);  // [T, H/N·v]
+  Tensor heads;  // [T, H/N·v]
+  if (!any_expanded) {
+    heads = absorbed_attention(env, q_abs, ctx.mla, ctx, scale);
+  } else {
+    heads = expanded_attention(env, q, ctx, expanded, scale);
+    if (any_absorbed) {
+      // The absorbed sequences alone (the others' rows come out 0); the two results share no row.
+      std::vector<MlaSeq> rest;
+      std::vector<int32_t> table;
+      for (size_t i = 0; i < expanded.size(); ++i) {
+        if (expanded[i]) continue;
+        const MlaSeq& s = ctx.mla.seqs[i];
+        rest.push_back(s);
+        for (int64_t v : {s.token_begin, s.token_count, s.page_begin, s.num_pages}) {
+          table.push_back(static_cast<int32_t>(v));
+        }
+      }
+      MlaBatch batch(rest);
+      batch.table = ops.upload(Tensor::from_vector_i32({static_cast<int64_t>(rest.size()), 4}, table));
+      ops.add_inplace(heads, absorbed_attention(env, q_abs, batch, ctx, scale));
+    }
+  }
   if (c.mla_output_gate) ops.sigmoid_gate_inplace(heads, in_proj_.part(ops, x, proj, kGate));
   Tensor out = ops.linear(heads, o_proj_);  // [T, hidden] partial
   env.comm.all_reduce_sum(out, CommGroup::kWorld);

@@ -10,6 +10,8 @@
 // its head chunk only, so CP layouts keep the absorbed form.
 #pragma once
 
+#include <vector>
+
 #include "model/fused_projection.h"
 #include "model/layer_env.h"
 #include "model/step_context.h"
@@ -35,12 +37,16 @@ class MlaLayer {
  private:
   // x [T, hidden] and in_proj_'s output for it -> queries [T, H/tp, nope + R]
   Tensor project_queries(const LayerEnv& env, const Tensor& x, const Tensor& proj);
-  // Whether this step runs the expanded form (ctx.mla_prefill, or the cost model for kAuto).
-  bool use_expanded(const LayerEnv& env, const StepContext& ctx) const;
+  // Per sequence of ctx.mla, whether it runs the expanded form (ctx.mla_prefill, or the cost model for
+  // kAuto).
+  std::vector<bool> expanded_seqs(const LayerEnv& env, const StepContext& ctx) const;
   // Queries (absorbed [T, H/tp, L + R], expanded [T, H/tp, nope + R]) -> the heads' attention outputs
-  // [T, H/N·v] (absorbed: with the CP merge and W_UV).
-  Tensor absorbed_attention(const LayerEnv& env, const Tensor& q, const StepContext& ctx, float scale);
-  Tensor expanded_attention(const LayerEnv& env, const Tensor& q, const StepContext& ctx, float scale);
+  // [T, H/N·v] (absorbed: with the CP merge and W_UV) of the sequences `seqs` (absorbed) or of those marked
+  // in `expanded`; the other rows come out 0.
+  Tensor absorbed_attention(const LayerEnv& env, const Tensor& q, const MlaBatch& seqs,
+                            const StepContext& ctx, float scale);
+  Tensor expanded_attention(const LayerEnv& env, const Tensor& q, const StepContext& ctx,
+                            const std::vector<bool>& expanded, float scale);
 
   int64_t tp_heads_ = 0;     // H / tp: heads whose queries this rank projects
   int64_t chunk_heads_ = 0;  // H / N: heads this rank finishes after the all-to-all

@@ -13,8 +13,8 @@
 namespace hlm {
 
 // Which form of MLA a step's prefill runs (docs/KERNELS.md §6): absorbed (MQA over the latent cache, the
-// decode form), expanded (MHA over keys expanded per head; tensor parallel only), or auto: the one the cost
-// model of MlaLayer picks. Decode-only steps always run absorbed.
+// decode form), expanded (MHA over keys expanded per head; tensor parallel only), or auto: per sequence, the
+// one the cost model of MlaLayer picks. Decode-only steps always run absorbed.
 enum class MlaPrefillForm { kAuto, kAbsorbed, kExpanded };
 
 struct StepContext {

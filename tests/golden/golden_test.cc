@@ -64,6 +64,24 @@ TEST_P(Golden, BothMlaPrefillFormsMatchReference) {
   EXPECT_LE(max_abs_diff(forms[0], forms[1]), kChunkingTolerance);
 }
 
+// One step holding a long prompt (150 tokens: the cost model runs it expanded, break-even near 90
+// queries per key) beside a one-token prompt and a 37-token one (absorbed): each sequence's logits equal
+// its own run alone.
+TEST_P(Golden, StepMixingBothMlaFormsEqualsEachSequenceAlone) {
+  std::vector<Tensor> solo;
+  StepPlan plan;
+  for (size_t i = 0; i < golden_.prompts.size(); ++i) {
+    const std::vector<int32_t>& ids = golden_.prompts[i].ids;
+    solo.push_back(sequence_logits(runner_->engine(), 1, ids, static_cast<int64_t>(ids.size())));
+    plan.entries.push_back(StepEntry{20 + static_cast<int64_t>(i), true, true, ids});
+  }
+  const std::vector<Tensor> mixed = runner_->engine().step(plan);
+  ASSERT_EQ(mixed.size(), solo.size());
+  for (size_t i = 0; i < solo.size(); ++i) {
+    EXPECT_LE(max_abs_diff(mixed[i], solo[i]), kChunkingTolerance) << "prompt " << i;
+  }
+}
+
 TEST_P(Golden, DecodePathLogitsMatchReference) {
   for (size_t i = 0; i < golden_.prompts.size(); ++i) {
     const GoldenPrompt& p = golden_.prompts[i];

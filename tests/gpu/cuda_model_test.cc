@@ -105,6 +105,24 @@ TEST_P(CudaGolden, BothMlaPrefillFormsMatchReference) {
   }
 }
 
+// All prompts in one step: the longest (150 tokens) runs the expanded form, the others the absorbed one,
+// beside each other in the same layers.
+TEST_P(CudaGolden, StepMixingBothMlaFormsMatchesReference) {
+  auto r = runner(false);
+  StepPlan plan;
+  for (size_t i = 0; i < golden_.prompts.size(); ++i) {
+    plan.entries.push_back(StepEntry{20 + static_cast<int64_t>(i), true, true, golden_.prompts[i].ids});
+  }
+  const std::vector<Tensor> got = r->engine().step(plan);
+  ASSERT_EQ(got.size(), golden_.prompts.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    const GoldenPrompt& p = golden_.prompts[i];
+    const double err = rel_l2(got[i], rows(p.logits, 0, static_cast<int64_t>(p.ids.size())));
+    report("one step with every prompt", i, err);
+    EXPECT_LE(err, bound_[i]) << "prompt " << i;
+  }
+}
+
 TEST_P(CudaGolden, GreedyIdsMatchReference) {
   auto r = runner(true);
   std::vector<std::vector<int32_t>> prompts;
