@@ -8,6 +8,7 @@
 #include "base/host_memory.h"
 #include "base/log.h"
 #include "model/memory_plan.h"
+#include "model/mla_layer.h"
 #include "model/weight_source.h"
 #include "parallel/layout_rules.h"
 #include "runtime/device_comm.h"
@@ -181,12 +182,9 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
   }
   // Every layout rule is checked before a single weight is read.
   check_layout(config_, LayoutRequest{o.tp, o.cp, o.moe_ep, o.moe_tp, o.engine.tokens_per_block});
-  HLM_CHECK(o.engine.mla_prefill != MlaPrefillForm::kExpanded ||
-                (o.cp == 1 && mla_expanded_heads_supported(config_.qk_nope_head_dim, config_.qk_rope_head_dim,
-                                                           config_.v_head_dim)),
+  HLM_CHECK(o.engine.mla_prefill != MlaPrefillForm::kExpanded || mla_expanded_applies(config_, o.cp),
             "--mla-prefill expanded needs --cp 1 (got {}) and MLA heads (nope, R, V) of (128, 64, 128) or "
-            "(16, 8, 16) "
-            "(the model has ({}, {}, {})); use auto or absorbed",
+            "(16, 8, 16) (the model has ({}, {}, {})); use auto or absorbed",
             o.cp, config_.qk_nope_head_dim, config_.qk_rope_head_dim, config_.v_head_dim);
   Mapping mapping = Mapping::make(o.tp, o.cp, rank, o.moe_ep, o.moe_tp);
   const Device device = resolve_device(o.device);

@@ -55,13 +55,16 @@ Tensor MlaLayer::project_queries(const LayerEnv& env, const Tensor& x, const Ten
   return q.reshape({t, tp_heads_, qk});  // [T, H/tp, nope + R]
 }
 
+bool mla_expanded_applies(const ModelConfig& c, int cp) {
+  return cp == 1 && mla_expanded_heads_supported(c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim);
+}
+
 std::vector<bool> MlaLayer::expanded_seqs(const LayerEnv& env, const StepContext& ctx) const {
   const ModelConfig& c = env.cfg;
   const std::vector<MlaSeq>& seqs = ctx.mla.seqs;
   std::vector<bool> expanded(seqs.size(), false);
   if (ctx.decode_only || ctx.mla_prefill == MlaPrefillForm::kAbsorbed) return expanded;
-  const bool applies = env.mapping.cp == 1 &&
-                       mla_expanded_heads_supported(c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim);
+  const bool applies = mla_expanded_applies(c, env.mapping.cp);
   if (ctx.mla_prefill == MlaPrefillForm::kExpanded) {
     HLM_CHECK(applies,
               "the expanded MLA prefill needs cp = 1 (got {}) and heads (nope, R, V) of (128, 64, 128) or "
@@ -179,17 +182,11 @@ Tensor MlaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext
     if (any_absorbed) {
       // The absorbed sequences alone (the others' rows come out 0); the two results share no row.
       std::vector<MlaSeq> rest;
-      std::vector<int32_t> table;
       for (size_t i = 0; i < expanded.size(); ++i) {
-        if (expanded[i]) continue;
-        const MlaSeq& s = ctx.mla.seqs[i];
-        rest.push_back(s);
-        for (int64_t v : {s.token_begin, s.token_count, s.page_begin, s.num_pages}) {
-          table.push_back(static_cast<int32_t>(v));
-        }
+        if (!expanded[i]) rest.push_back(ctx.mla.seqs[i]);
       }
       MlaBatch batch(rest);
-      batch.table = ops.upload(Tensor::from_vector_i32({static_cast<int64_t>(rest.size()), 4}, table));
+      batch.table = ops.upload(mla_batch_table(rest));
       ops.add_inplace(heads, absorbed_attention(env, q_abs, batch, ctx, scale));
     }
   }

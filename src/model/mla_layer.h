@@ -19,6 +19,10 @@
 
 namespace hlm {
 
+// Whether the expanded form can run: cp = 1 (under CP a rank holds W_UV for its head chunk only) and head
+// shapes the GPU kernel is built for (ops.h mla_expanded_heads_supported).
+bool mla_expanded_applies(const ModelConfig& c, int cp);
+
 // Keys per gathered and expanded chunk of the expanded form (step scratch: memory_plan.cc counts it).
 constexpr int64_t kMlaExpandedKeyChunk = 8192;
 

@@ -22,6 +22,18 @@ void check_router_params(const RouterParams& p, int64_t experts, const char* op)
             p.topk_group * per_group, p.topk_group, per_group);
 }
 
+Tensor mla_batch_table(const std::vector<MlaSeq>& seqs) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(seqs.size()), 4}, DType::kI32);
+  int32_t* p = t.data<int32_t>();
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    p[i * 4 + 0] = static_cast<int32_t>(seqs[i].token_begin);
+    p[i * 4 + 1] = static_cast<int32_t>(seqs[i].token_count);
+    p[i * 4 + 2] = static_cast<int32_t>(seqs[i].page_begin);
+    p[i * 4 + 3] = static_cast<int32_t>(seqs[i].num_pages);
+  }
+  return t;
+}
+
 bool mla_expanded_heads_supported(int64_t nope, int64_t rope, int64_t v) {
   return (nope == 128 && rope == 64 && v == 128) || (nope == 16 && rope == 8 && v == 16);
 }

@@ -78,6 +78,9 @@ struct MlaBatch {
   Tensor table;
 };
 
+// The host I32 form [S, 4] of an MLA sequence list: what MlaBatch::table holds once uploaded.
+Tensor mla_batch_table(const std::vector<MlaSeq>& seqs);
+
 // The routed experts this rank holds. Dense: gate, up [E_l, I, D] and down [E_l, D, I] in a float dtype.
 // MXFP4 (K3, docs/MODEL.md §7.5): the same logical shapes stored as U8 codes with two e2m1 values per byte
 // (low nibble = even column) [E_l, rows, cols/2] and one UE8M0 scale per 32 columns [E_l, rows, cols/32].

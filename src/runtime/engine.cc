@@ -20,7 +20,8 @@ int64_t page_count(const Mapping& m, const EngineOptions& o) {
   return o.num_pages > 0 ? o.num_pages : pages_per_rank(make_placement(m, o), o.max_batch, o.max_seq_len);
 }
 
-// Host I32 tables of the ragged lists, the form device kernels read (ops.h SeqBatch / MlaBatch).
+// Host I32 table of the KDA ragged list, the form device kernels read (ops.h SeqBatch; MlaBatch's is
+// mla_batch_table).
 Tensor span_table(const std::vector<SeqSpan>& spans) {
   Tensor t = Tensor::empty({static_cast<int64_t>(spans.size()), 3}, DType::kI32);
   int32_t* p = t.data<int32_t>();
@@ -28,18 +29,6 @@ Tensor span_table(const std::vector<SeqSpan>& spans) {
     p[i * 3 + 0] = static_cast<int32_t>(spans[i].token_begin);
     p[i * 3 + 1] = static_cast<int32_t>(spans[i].token_count);
     p[i * 3 + 2] = spans[i].slot;
-  }
-  return t;
-}
-
-Tensor mla_table(const std::vector<MlaSeq>& seqs) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(seqs.size()), 4}, DType::kI32);
-  int32_t* p = t.data<int32_t>();
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    p[i * 4 + 0] = static_cast<int32_t>(seqs[i].token_begin);
-    p[i * 4 + 1] = static_cast<int32_t>(seqs[i].token_count);
-    p[i * 4 + 2] = static_cast<int32_t>(seqs[i].page_begin);
-    p[i * 4 + 3] = static_cast<int32_t>(seqs[i].num_pages);
   }
   return t;
 }
@@ -53,7 +42,7 @@ StepContext staged(const StepContext& host, Ops& ops) {
   c.page_table = ops.upload(host.page_table);
   c.logit_rows = ops.upload(host.logit_rows);
   c.seqs.table = ops.upload(span_table(host.seqs.spans));
-  c.mla.table = ops.upload(mla_table(host.mla.seqs));
+  c.mla.table = ops.upload(mla_batch_table(host.mla.seqs));
   return c;
 }
 
