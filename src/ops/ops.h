@@ -367,7 +367,8 @@ class Ops {
   // values = the first `v_dim` columns of the same rows. kv_len [T] I32 is the number of visible local
   // keys of each query (a prefix of its sequence's local keys, so causality is a length). Returns
   // out [T, H, v_dim], normalized within this rank, and stats [T, H, 2] = (max logit, Σ exp(logit - max)),
-  // natural base, logit = q·k·scale. Rows with kv_len 0 give out 0, stats (-inf, 0).
+  // natural base, logit = q·k·scale with scale > 0 (a softmax temperature; the CUDA kernel ranks the scores
+  // before scaling them). Rows with kv_len 0 give out 0, stats (-inf, 0).
   virtual void mla_attention(const Tensor& q, const Tensor& cache, const Tensor& page_table,
                              const MlaBatch& seqs, const Tensor& kv_len, float scale, int64_t v_dim,
                              Tensor& out, Tensor& stats) = 0;

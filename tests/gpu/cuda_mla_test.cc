@@ -264,6 +264,24 @@ TEST_F(CudaMla, NinetySixHeads) {
   check(*gpu, b, 1.0f / std::sqrt(192.0f), 512, true, "96 heads");
 }
 
+// Pages that do not match the kernel's 64-key tiles (16: four pages per tile; 48: tiles straddle pages), and
+// a row width between the kernel's two instantiations (latent 256 + rope 64: the wide kernel zero-fills the
+// columns past D and drops the value columns past v_dim).
+TEST_F(CudaMla, PagesAcrossTilesAndNarrowerWideRows) {
+  HLM_GPU_OR_SKIP(gpu);
+  struct Shape {
+    int64_t heads, latent, rope, page;
+  };
+  for (const Shape& s : {Shape{32, 512, 64, 16}, Shape{16, 512, 64, 48}, Shape{8, 256, 64, 48}}) {
+    const std::vector<SeqSpec> specs = {{0, 1500, {1500}}, {1, 200, causal(150, 50)}, {0, 7, {7}}};
+    const Batch b = make_batch(rng_, s.heads, s.latent + s.rope, s.page, specs, 1, -2.0f, 2.0f,
+                               /*shuffle_table=*/true);
+    check(*gpu, b, 1.0f / std::sqrt(192.0f), s.latent, false,
+          "heads " + std::to_string(s.heads) + " width " + std::to_string(s.latent + s.rope) + " pages of " +
+              std::to_string(s.page));
+  }
+}
+
 // Enough row blocks (82 tokens of 32 heads) that a 132-SM GPU runs one split: the kernel writes the result
 // and zeroes the rows outside every sequence itself.
 TEST_F(CudaMla, LongPrefillOneSplit) {
@@ -282,6 +300,27 @@ TEST_F(CudaMla, UniformWeightsGiveTheExactMean) {
     const Batch b = make_batch(rng_, heads, 576, 64, specs, 0, 0.0f, 0.0f);
     check(*gpu, b, 0.1f, 512, false, "heads " + std::to_string(heads), /*exact=*/true);
   }
+}
+
+// Scores that keep growing along the keys (the rope columns of key k scaled by k / 40, the values left in
+// [-1, 1]), so every row's max moves far past the softmax reference in late tiles too: the kernel's
+// rescaling of O and of the sum (it moves its reference only when a score passes it by 2^8) is exercised
+// across splits, against the CPU's exact softmax.
+TEST_F(CudaMla, ScoresGrowingAlongTheKeys) {
+  HLM_GPU_OR_SKIP(gpu);
+  const std::vector<SeqSpec> specs = {{0, 4000, {4000}}, {0, 900, causal(800, 100)}, {1, 3, {0}}};
+  Batch b = make_batch(rng_, 32, 576, 64, specs, 0, -2.0f, 2.0f);
+  const int64_t pages = b.cache.dim(0), page = b.cache.dim(1);
+  for (const MlaSeq& m : b.seqs) {
+    for (int64_t key = 0; key < m.num_pages * page; ++key) {
+      const int64_t slot = b.page_table.data<int32_t>()[m.page_begin + key / page] * page + key % page;
+      ASSERT_LT(slot, pages * page);
+      float* row = b.cache.data<float>() + slot * 576;
+      for (int64_t d = 512; d < 576; ++d)
+        row[d] = bf16_to_f32(f32_to_bf16(row[d] * static_cast<float>(key) / 40));
+    }
+  }
+  check(*gpu, b, 1.0f / std::sqrt(192.0f), 512, false, "growing scores");
 }
 
 TEST_F(CudaMla, AttentionRejectsBadArguments) {
@@ -313,6 +352,10 @@ TEST_F(CudaMla, AttentionRejectsBadArguments) {
                                   gpu->upload(wide.page_table), wide_batch, gpu->upload(wide.kv_len), 0.1f,
                                   512, out, stats),
                Error);  // D = 640 has no kernel
+  for (float scale : {0.0f, -0.1f}) {
+    Tensor o, st;
+    EXPECT_THROW(gpu->mla_attention(q, cache, pt, batch, kv, scale, 512, o, st), Error);  // ranks raw scores
+  }
 }
 
 // lse_combine: parts of empty sources ((-inf, 0)) hold NaN and must not be read; a row with no keys on any

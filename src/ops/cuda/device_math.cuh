@@ -49,6 +49,14 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& q, float (&v)[8]) {
   }
 }
 
+// 2^x by the hardware's approximation (a few ulp; 2^-inf = +0), without exp2f's range fix-up: for softmax
+// weights, whose arguments are at most a few units above 0.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

@@ -1,0 +1,73 @@
+// Hopper warpgroup MMA (wgmma.mma_async, sm_90a): the shared-memory operand layout, its descriptor and the
+// instruction wrappers. A warpgroup (4 warps) multiplies a 64 x N tile from operands in shared memory
+// without ldmatrix or register staging, asynchronously, which is what takes the MMA issue cost off an
+// attention kernel's critical path (docs/KERNELS.md §5).
+//
+// The one layout used here is the 128-byte swizzle: a bf16 tile of R rows and C columns (C a multiple of 64)
+// is stored as C / 64 blocks of R rows x 128 bytes, block after block; within a block, row r's 16-byte
+// chunk j sits at chunk j ^ (r % 8). Blocks must start on 1024-byte boundaries (the hardware swizzles on
+// absolute address bits). The same bytes serve as a K-major operand (rows = M or N, columns = K) and, for
+// bf16, as an MN-major one (rows = K, columns = M or N), which is how one K tile of MLA's latent cache is
+// both the keys of S = Q·Kᵀ and the values of O = P·V.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/cuda/async_copy.cuh"
+
+namespace hlm::cuda {
+
+// Byte offset of element (row, col) of a bf16 tile of `rows` rows in the 128-byte-swizzled layout above.
+__host__ __device__ constexpr uint32_t sw128_offset(int row, int col, int rows) {
+  return static_cast<uint32_t>((col / 64) * rows * 128 + row * 128 + ((((col % 64) / 8) ^ (row % 8)) << 4) +
+                               (col % 8) * 2);
+}
+
+// Descriptor of a 128-byte-swizzled operand starting at `p` (shared memory): groups of 8 rows are 1024
+// bytes apart (SBO). The leading byte offset is unused by the K-major form and by an MN-major operand of
+// 64 columns (one block), the only MN-major use here; it is set to 1024 too, so that either reading of the
+// PTX ISA's description of the two fields gives the same operand. A k-step inside a block is the start
+// address advanced by 32 bytes (16 bf16), as the hardware applies the swizzle after adding the offsets.
+__device__ __forceinline__ uint64_t sw128_desc(const void* p) {
+  constexpr uint64_t kStride = 1024 >> 4;
+  return ((smem_addr(p) & 0x3FFFFu) >> 4) | (kStride << 16) | (kStride << 32) | (uint64_t{1} << 62);
+}
+
+// Orders this thread's earlier register writes to accumulators and its shared-memory writes of operands
+// before the warpgroup's next wgmma reads them.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>  // wait until at most N committed groups of this warpgroup are pending
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Generic-proxy shared-memory writes (st.shared, cp.async) made visible to the async proxy that wgmma reads
+// through; each writing thread fences before the barrier that publishes the writes.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Keeps the compiler from moving reads of an accumulator above the wgmma_wait that completes it.
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d[64 x 32] (+)= a[64 x 16] · b[16 x 32], bf16 in, fp32 accumulators, both operands from shared memory;
+// kTransA = 1 reads a MN-major (its 64 columns of M contiguous). Accumulator layout (per warp w of the
+// warpgroup, lane l = 4g + t): d[4j + v0 + 2v1] is row 16w + g + 8v1, column 8j + 2t + v0.
+template <int kTransA>
+__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint64_t a, uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %19, "
+      "0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(kTransA));
+}
+
+}  // namespace hlm::cuda
