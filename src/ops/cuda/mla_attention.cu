@@ -8,8 +8,8 @@
 // same cache tile read MN-major (its first V columns) and P[32 rows, 64 keys] bf16 in shared memory. A
 // decode token of 32 heads thus wastes no MMA rows (the untransposed form pads 32 rows to wgmma's 64), and
 // the cache tile is loaded once for both products. The per-row softmax runs over Sᵀ's M, which spans the
-// four warps: each warp reduces its 16 keys with shuffles and the warps meet in shared memory once per tile.
-// A thread's Sᵀ columns are the same rows as its Oᵀ columns, so the rescale of O needs nothing from others.
+// four warps; their maxima meet in shared memory only when a row's softmax reference must move (below), and
+// a thread's Sᵀ columns are the same rows as its Oᵀ columns, so the rescale of O needs nothing from others.
 //
 // Per tile (64 keys): the cp.async ring of two tiles (each thread copies its 16-byte chunks into the
 // swizzled layout, zero-filled past the split's keys and past D, so every value the MMAs read is finite),
@@ -67,7 +67,7 @@ __device__ __forceinline__ uint4 load8_bf16(const float* p) {
 
 // Grid (row-block slots, splits), kThreads threads, Shape::kSmemBytes of dynamic shared memory, one CTA per
 // SM. Thread (warp w, lane 4g + t) holds Sᵀ and Oᵀ entries of keys / value columns 16w + g (+8) and of the
-// block's rows 8j + 2t (+1), j < 4: its 8 rows, whose softmax state (m_run, a partial l) it keeps.
+// block's rows 8j + 2t (+1), j < 4: its 8 rows, whose softmax state it keeps.
 template <class Shape, class TQ>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaParams p) {
   pdl_wait();
