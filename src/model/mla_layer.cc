@@ -75,13 +75,12 @@ std::vector<bool> MlaLayer::expanded_seqs(const LayerEnv& env, const StepContext
   }
   if (!applies) return expanded;
   // Estimated seconds of each form for a sequence, at rates measured on an H200 (docs/benchmarks.md, "MLA
-  // prefill: the expanded form", and "MLA attention on wgmma" for the absorbed rate): the absorbed kernel at
-  // 280 TFLOP/s of its FLOPs; the expansion GEMMs, plus the bytes each expanded key moves (gather, the latent
-  // copy, K and V written and read once); the expanded kernel at 250 TFLOP/s (290 with the 256-row CTAs of
-  // long chunks, 235 with the 64-row ones).
-  // Causality halves both attention terms alike, so the estimate counts every (query, key) pair. The
-  // forms break even near 200 queries per key: decode tokens and short chunks stay absorbed.
-  constexpr double kAbsorbedFlops = 280e12, kGemmFlops = 400e12, kExpandedFlops = 250e12, kBytesPerS = 3e12;
+  // attention on wgmma"): the absorbed kernel at 280 TFLOP/s of its FLOPs; the expansion GEMMs, plus the
+  // bytes each expanded key moves (gather, the latent copy, K and V written and read once); the expanded
+  // kernel at 430 TFLOP/s. Causality halves both attention terms alike, so the estimate counts every
+  // (query, key) pair. The forms break even near 165 queries of a sequence in the step: decode tokens and
+  // short chunks stay absorbed.
+  constexpr double kAbsorbedFlops = 280e12, kGemmFlops = 400e12, kExpandedFlops = 430e12, kBytesPerS = 3e12;
   const double h = static_cast<double>(tp_heads_), lat = static_cast<double>(c.kv_lora_rank);
   const double width = static_cast<double>(c.mla_cache_dim()), qk = static_cast<double>(c.qk_head_dim());
   const double nope = static_cast<double>(c.qk_nope_head_dim), vd = static_cast<double>(c.v_head_dim);

@@ -1,59 +1,54 @@
 // The expanded (MHA) form of MLA for long prefill chunks on the GPU (docs/MODEL.md §6.1, docs/KERNELS.md
-// §6). Per (query, key, head) the absorbed form costs 2·(576 + 512) FLOP against 2·(192 + 128) here, and
-// the absorbed kernel (mla.cu) is shaped for decode: 32 rows per CTA sharing each key tile, the softmax
-// through shared memory. For a chunk of many queries the layer instead gathers a chunk of the sequence's
-// latent rows (mla_gather_keys), expands them per head with two GEMMs (k_nope = c·W_UKᵀ, v = c·W_UVᵀ),
-// and runs this FlashAttention-2-style kernel over them.
+// §6). Per (query, key, head) the absorbed form (mla_attention.cu) costs 2·(576 + 512) FLOP against
+// 2·(192 + 128) here. For a chunk of many queries the layer instead gathers a chunk of the sequence's latent
+// rows (mla_gather_keys), expands them per head with two GEMMs (k_nope = c·W_UKᵀ, v = c·W_UVᵀ), and runs
+// this FlashAttention-style kernel over them.
 //
-// A CTA owns consecutive queries of one head: 8 warps of 32 rows (two m16 tiles per warp share every K and
-// V fragment it reads from shared memory, Q read from shared memory per k-step), or for chunks too short
-// to fill the GPU with 256-row CTAs, 4 warps of 16 rows with Q held in registers. Tiles of 64 keys (K =
+// A CTA is one warpgroup owning 64 consecutive queries of one head (two CTAs per SM). Tiles of 64 keys (K =
 // [k_nope of the head | the shared rope columns], V) stream through a ring of two shared-memory stages with
-// cp.async; per tile a warp computes S = Q·Kᵀ (fp32), the online softmax in registers (4 lanes per row), and
-// O += P·V with P rounded to bf16 straight from the S accumulators. Keys past the CTA's last visible key are
-// zero-filled, never read, so padding or stale cache rows cannot turn into NaN; causality is kv_len per row.
-// CTAs are ordered longest rows first. With merge the result is combined with the earlier chunks' (out,
-// stats) as lse_combine does.
+// cp.async, in the 128-byte swizzle of wgmma's operands; per tile, S = Q·Kᵀ by wgmma from shared memory
+// (fp32), the online softmax in registers (a row in one quad of lanes), and O += P·V by wgmma with P rounded
+// to bf16 straight from the S accumulators as the register operand. Keys past the CTA's last visible key
+// are zero-filled, never read, so padding or stale cache rows cannot turn into NaN; causality is kv_len per
+// row. CTAs are ordered longest rows first. With merge the result is combined with the earlier chunks'
+// (out, stats) as lse_combine does. (The mma.sync kernel this replaced, FlashAttention-2-style with 256
+// rows per CTA, ran the 8K x 8K causal attention of 32 heads at 290 TFLOP/s: docs/benchmarks.md.)
 #include <cmath>
 
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/cuda_kernels.h"
 #include "ops/cuda/device_math.cuh"
-#include "ops/cuda/mma.cuh"
+#include "ops/cuda/wgmma.cuh"
 
 namespace hlm::cuda {
 
 namespace {
 
-constexpr int kKeys = 64;  // keys per tile
+constexpr int kKeys = 64;      // keys per tile: the N of S
+constexpr int kRows = 64;      // queries of one head per CTA: the M of both products
+constexpr int kThreads = 128;  // one warpgroup
 constexpr float kLog2e = 1.4426950408889634f;
 
-// One head shape: nope, R and V exactly (loops and offsets fold to constants); kQk = nope + R and kV = V
-// rounded up to 16 (an mma k-step; a pair of n8 tiles), the columns past them zero in shared memory.
-template <int Nope_, int Rope_, int V_, int M_, int Warps_>
+// One head shape: nope, R and V exactly (loops and offsets fold to constants), each held in whole 64-column
+// swizzle blocks (columns past them zero-filled): Q and K tiles are [nope blocks | rope blocks] x 64 rows,
+// V tiles [V blocks] x 64 keys, 8 KB per block.
+template <int Nope_, int Rope_, int V_>
 struct ExpandedShape {
-  static constexpr int kM = M_;  // m16 row tiles per warp
-  static constexpr int kWarps = Warps_;
-  static constexpr int kThreads = kWarps * 32;
-  static constexpr int kRows = 16 * kM * kWarps;  // queries of one head per CTA
   static constexpr int kNope = Nope_;
   static constexpr int kRope = Rope_;
   static constexpr int kVd = V_;
-  static constexpr int kQk = (kNope + kRope + 15) / 16 * 16;
-  static constexpr int kV = (kVd + 15) / 16 * 16;
-  static constexpr int kLdK =
-      kQk + 8;  // bf16 row stride of Q and K tiles: +16 B keeps ldmatrix conflict-free
-  static constexpr int kLdV = kV + 8;
+  static constexpr int kNopeBlocks = (kNope + 63) / 64;
+  static constexpr int kQkBlocks = kNopeBlocks + (kRope + 63) / 64;
+  static constexpr int kVBlocks = (kVd + 63) / 64;
+  static constexpr uint32_t kBlockBytes = 64 * 128;
   static_assert(kNope % 8 == 0 && kRope % 8 == 0 && kVd % 8 == 0, "16-byte rows");
-  // Dynamic shared memory: two stages of {K [kKeys][kLdK], V [kKeys][kLdV]} bf16, then Q [kRows][kLdK].
-  static constexpr size_t kKBytes = size_t{kKeys} * kLdK * 2;
-  static constexpr size_t kStageBytes = kKBytes + size_t{kKeys} * kLdV * 2;
-  static constexpr size_t kQOffset = 2 * kStageBytes;
-  static constexpr size_t kSmemBytes = kQOffset + size_t{kRows} * kLdK * 2;
+  // Dynamic shared memory: Q, then two stages of {K, V}; plus slack to align the base to 1024 bytes.
+  static constexpr uint32_t kStageBytes = (kQkBlocks + kVBlocks) * kBlockBytes;
+  static constexpr uint32_t kStageOffset = kQkBlocks * kBlockBytes;
+  static constexpr size_t kSmemBytes = kStageOffset + 2 * kStageBytes + 1024;
 };
-using ExpandedKimiWide = ExpandedShape<128, 64, 128, 2, 8>;  // Kimi Linear and K3: 256 rows per CTA
-using ExpandedKimi = ExpandedShape<128, 64, 128, 1, 4>;      // the same heads, 64 rows per CTA
-using ExpandedFixture = ExpandedShape<16, 8, 16, 1, 4>;      // the test fixtures
+using ExpandedKimi = ExpandedShape<128, 64, 128>;  // Kimi Linear and K3
+using ExpandedFixture = ExpandedShape<16, 8, 16>;  // the test fixtures
 
 struct ExpandedParams {
   const void* q;       // [T, H, qk] BF16 or F32
@@ -68,268 +63,210 @@ struct ExpandedParams {
   bool merge;
 };
 
-__device__ __forceinline__ void store_zero16(bf16* p) {
-  *reinterpret_cast<uint4*>(p) = make_uint4(0, 0, 0, 0);
-}
-
-// Q rows [row0, row0 + kRows) of `head` into shared memory as bf16, zero past the tokens and past qk.
+// Grid (heads, ceil(T / kRows)), kThreads threads, two CTAs per SM. A CTA owns queries [row0, row0 + 64) of
+// one head, longest rows (causal) first. Per tile of 64 keys: the cp.async ring of two stages (K = [k_nope
+// of the head | the shared rope columns] and V, swizzled; keys past the CTA's last visible key and columns
+// past the head's widths are zero-filled, never read, so padding or stale cache rows cannot turn into NaN),
+// S = Q·Kᵀ by wgmma from shared memory, the online softmax in registers (a row lives in one quad of lanes),
+// and O += P·V by wgmma with P straight from the S accumulators as the register operand and V MN-major.
+// Thread (warp w, lane 4g + t) holds rows 16w + g and + 8, keys / value columns 8j + 2t (+1).
 template <class Shape, class TQ>
-__device__ void load_queries(const ExpandedParams& p, int head, int row0, bf16* q_s) {
-  constexpr int kChunks = Shape::kQk / 8, qk = Shape::kNope + Shape::kRope;
-#pragma unroll
-  for (int i = threadIdx.x; i < Shape::kRows * kChunks; i += Shape::kThreads) {
-    const int r = i / kChunks, c = (i % kChunks) * 8, t = row0 + r;
-    bf16* dst = q_s + r * Shape::kLdK + c;
-    if (t < p.tokens && c < qk) {
-      const TQ* src = static_cast<const TQ*>(p.q) + (static_cast<int64_t>(t) * p.heads + head) * qk + c;
-      if constexpr (sizeof(TQ) == 2) {
-        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-      } else {
-        const uint4* s4 = reinterpret_cast<const uint4*>(src);
-        *reinterpret_cast<uint4*>(dst) = f32x8_to_bf16(s4[0], s4[1]);
-      }
-    } else {
-      store_zero16(dst);
-    }
-  }
-}
-
-// Keys [kb, kb + kKeys) of `head` into a stage; keys at or past `limit` are zero-filled without a read.
-template <class Shape>
-__device__ __forceinline__ void load_tile(const ExpandedParams& p, int head, int kb, int limit, bf16* k_s,
-                                          bf16* v_s) {
-  constexpr int kNopeChunks = Shape::kNope / 8, kRopeChunks = Shape::kRope / 8, kVChunks = Shape::kVd / 8;
-#pragma unroll
-  for (int i = threadIdx.x; i < kKeys * kNopeChunks; i += Shape::kThreads) {
-    const int r = i / kNopeChunks, c = (i % kNopeChunks) * 8, key = kb + r;
-    const bool valid = key < limit;
-    const bf16* src =
-        valid ? p.k_nope + (static_cast<int64_t>(key) * p.heads + head) * Shape::kNope + c : p.k_nope;
-    cp_async16(k_s + r * Shape::kLdK + c, src, valid);
-  }
-#pragma unroll
-  for (int i = threadIdx.x; i < kKeys * kRopeChunks; i += Shape::kThreads) {
-    const int r = i / kRopeChunks, c = (i % kRopeChunks) * 8, key = kb + r;
-    const bool valid = key < limit;
-    const bf16* src = valid ? p.keys + static_cast<int64_t>(key) * p.width + p.latent + c : p.keys;
-    cp_async16(k_s + r * Shape::kLdK + Shape::kNope + c, src, valid);
-  }
-#pragma unroll
-  for (int i = threadIdx.x; i < kKeys * kVChunks; i += Shape::kThreads) {
-    const int r = i / kVChunks, c = (i % kVChunks) * 8, key = kb + r;
-    const bool valid = key < limit;
-    const bf16* src = valid ? p.v + (static_cast<int64_t>(key) * p.heads + head) * Shape::kVd + c : p.v;
-    cp_async16(v_s + r * Shape::kLdV + c, src, valid);
-  }
-}
-
-template <class Shape, class TQ>
-__global__ void __launch_bounds__(Shape::kThreads, Shape::kM == 1 ? 2 : 1)
-    mla_expanded_kernel(const ExpandedParams p) {
-  constexpr int kQk = Shape::kQk, kV = Shape::kV, kLdK = Shape::kLdK, kLdV = Shape::kLdV, kM = Shape::kM;
-  constexpr int kThreads = Shape::kThreads, kRows = Shape::kRows;
-  constexpr int kKSteps = kQk / 16, kVTiles = kV / 8;
-  extern __shared__ __align__(16) unsigned char smem[];
-  bf16* q_s = reinterpret_cast<bf16*>(smem + Shape::kQOffset);  // [kRows][kLdK]
-  auto k_stage = [&](int s) { return reinterpret_cast<bf16*>(smem + s * Shape::kStageBytes); };
-  auto v_stage = [&](int s) {
-    return reinterpret_cast<bf16*>(smem + s * Shape::kStageBytes + Shape::kKBytes);
-  };
+__global__ void __launch_bounds__(kThreads, 2) mla_expanded_kernel(const ExpandedParams p) {
+  constexpr int kNB = Shape::kNopeBlocks, kQB = Shape::kQkBlocks, kVB = Shape::kVBlocks;
+  constexpr uint32_t kBlock = Shape::kBlockBytes;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  unsigned char* q_s = smem;  // [kQB][64 rows][128 B]
   __shared__ int visible_max;
 
   const int head = blockIdx.x;
   const int row0 = (gridDim.y - 1 - blockIdx.y) * kRows;  // the longest rows (causal) first
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, c2 = 2 * (lane & 3);
+  const int g = lane >> 2, t2 = 2 * (lane & 3);
   const auto visible_of = [&](int t) {
     return t < p.tokens ? min(max(p.kv_len[t] - p.key_begin, 0), p.n) : 0;
   };
   if (tid == 0) visible_max = 0;
-  // The padding columns of both stages: cp.async never writes them.
-  constexpr int kQkPad = (kQk - Shape::kNope - Shape::kRope) / 8, kVPad = (kV - Shape::kVd) / 8;
-  if constexpr (kQkPad > 0) {
-    for (int i = tid; i < 2 * kKeys * kQkPad; i += kThreads) {
-      const int r = i / kQkPad, c = kQk - (1 + i % kQkPad) * 8;
-      store_zero16(k_stage(r / kKeys) + (r % kKeys) * kLdK + c);
+  // Q rows of this head as bf16, zero past the tokens and past each part's width.
+  {
+    const int qk = Shape::kNope + Shape::kRope;
+    for (int i = tid; i < kRows * kQB * 8; i += kThreads) {
+      const int chunk = i & 7, r = (i >> 3) % kRows, blk = i / (8 * kRows), t = row0 + r;
+      const bool nope = blk < kNB;
+      const int col = (nope ? blk : blk - kNB) * 64 + chunk * 8;  // within the part
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (t < p.tokens && col < (nope ? Shape::kNope : Shape::kRope)) {
+        const TQ* src = static_cast<const TQ*>(p.q) + (static_cast<int64_t>(t) * p.heads + head) * qk +
+                        (nope ? 0 : Shape::kNope) + col;
+        if constexpr (sizeof(TQ) == 2) {
+          v = *reinterpret_cast<const uint4*>(src);
+        } else {
+          const uint4* s4 = reinterpret_cast<const uint4*>(src);
+          v = f32x8_to_bf16(s4[0], s4[1]);
+        }
+      }
+      *reinterpret_cast<uint4*>(q_s + blk * kBlock + r * 128 + ((chunk ^ (r & 7)) << 4)) = v;
     }
+    fence_proxy_async();
   }
-  if constexpr (kVPad > 0) {
-    for (int i = tid; i < 2 * kKeys * kVPad; i += kThreads) {
-      const int r = i / kVPad, c = kV - (1 + i % kVPad) * 8;
-      store_zero16(v_stage(r / kKeys) + (r % kKeys) * kLdV + c);
-    }
-  }
-  load_queries<Shape, TQ>(p, head, row0, q_s);
   __syncthreads();
   for (int i = tid; i < kRows; i += kThreads) atomicMax(&visible_max, visible_of(row0 + i));
-  // This lane's rows: 2m (row g of m-tile m) and 2m + 1 (row g + 8).
-  const int warp_row0 = row0 + warp * 16 * kM;
-  int vis[2 * kM];
-#pragma unroll
-  for (int r = 0; r < 2 * kM; ++r) vis[r] = visible_of(warp_row0 + (r >> 1) * 16 + g + (r & 1) * 8);
-  int vis_min = vis[0];
-#pragma unroll
-  for (int r = 1; r < 2 * kM; ++r) vis_min = min(vis_min, vis[r]);
-  // With one m-tile Q stays in registers; with two it is read from shared memory per k-step.
-  uint32_t qf[kM == 1 ? kKSteps : 1][4];
-  if constexpr (kM == 1) {
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      ldsm_x4(qf[ks], q_s + (warp * 16 + (lane & 15)) * kLdK + ks * 16 + (lane >> 4) * 8);
-    }
-  }
+  int vis[2];  // this lane's rows: 16w + g and + 8
+  vis[0] = visible_of(row0 + 16 * warp + g);
+  vis[1] = visible_of(row0 + 16 * warp + g + 8);
+  const int vis_min = min(vis[0], vis[1]);
   __syncthreads();
   const int limit = visible_max;
   const int tiles = (limit + kKeys - 1) / kKeys;
 
-  float o[kM][kVTiles][4] = {};
-  float m_run[2 * kM], l_run[2 * kM];  // running max of the raw scores q·k; this lane's share of Σ exp
+  // Tile copy: 16-byte chunk tid % 8 of keys tid / 8 + 16i, i < 4, in every block of K and V.
+  const int copy_chunk = tid & 7, copy_key = tid >> 3;
+  const unsigned copy_dst =
+      smem_addr(smem) + Shape::kStageOffset + copy_key * 128 + ((copy_chunk ^ (copy_key & 7)) << 4);
+  auto load_tile = [&](int tile, int stage) {
 #pragma unroll
-  for (int r = 0; r < 2 * kM; ++r) {
-    m_run[r] = -INFINITY;
-    l_run[r] = 0.0f;
-  }
-  const float scale_log2 = p.scale * kLog2e;
-  if (tiles > 0) load_tile<Shape>(p, head, 0, limit, k_stage(0), v_stage(0));
-  cp_async_commit();
-  for (int j = 0; j < tiles; ++j) {
-    if (j + 1 < tiles)
-      load_tile<Shape>(p, head, (j + 1) * kKeys, limit, k_stage((j + 1) & 1), v_stage((j + 1) & 1));
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
-    const bf16* k_s = k_stage(j & 1);
-    const bf16* v_s = v_stage(j & 1);
-
-    float s[kM][kKeys / 8][4] = {};  // [m-tile][key n8 tile][row g: 0, 1; row g + 8: 2, 3]
+    for (int i = 0; i < 4; ++i) {
+      const int key = tile * kKeys + copy_key + 16 * i;
+      const bool valid = key < limit;
+      const int64_t kh = static_cast<int64_t>(valid ? key : 0) * p.heads + head;
+      const unsigned dst = copy_dst + stage * Shape::kStageBytes + i * 16 * 128;
 #pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      uint32_t a[kM][4];
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        if constexpr (kM == 1) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) a[m][e] = qf[ks][e];
+      for (int blk = 0; blk < kQB + kVB; ++blk) {
+        const bf16* src;
+        bool chunk;
+        if (blk < kNB) {
+          const int col = blk * 64 + copy_chunk * 8;
+          chunk = valid && col < Shape::kNope;
+          src = p.k_nope + kh * Shape::kNope + col;
+        } else if (blk < kQB) {
+          const int col = (blk - kNB) * 64 + copy_chunk * 8;
+          chunk = valid && col < Shape::kRope;
+          src = p.keys + static_cast<int64_t>(valid ? key : 0) * p.width + p.latent + col;
         } else {
-          ldsm_x4(a[m], q_s + (warp * 16 * kM + m * 16 + (lane & 15)) * kLdK + ks * 16 + (lane >> 4) * 8);
+          const int col = (blk - kQB) * 64 + copy_chunk * 8;
+          chunk = valid && col < Shape::kVd;
+          src = p.v + kh * Shape::kVd + col;
         }
-      }
-#pragma unroll
-      for (int np = 0; np < kKeys / 16; ++np) {
-        uint32_t b[4];
-        ldsm_x4(b,
-                k_s + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * kLdK + ks * 16 + ((lane >> 3) & 1) * 8);
-#pragma unroll
-        for (int m = 0; m < kM; ++m) {
-          mma_bf16(s[m][2 * np], a[m][0], a[m][1], a[m][2], a[m][3], b[0], b[1]);
-          mma_bf16(s[m][2 * np + 1], a[m][0], a[m][1], a[m][2], a[m][3], b[2], b[3]);
-        }
+        cp_async16(dst + blk * kBlock, chunk ? src : p.v, chunk);
       }
     }
+  };
+#pragma unroll
+  for (int s = 0; s < 2; ++s) {
+    if (s < tiles) load_tile(s, s);
+    cp_async_commit();
+  }
+
+  float o[kVB][32];  // O [64 rows, 64 value columns of block vb]
+#pragma unroll
+  for (int vb = 0; vb < kVB; ++vb) {
+#pragma unroll
+    for (int e = 0; e < 32; ++e) o[vb][e] = 0.0f;
+  }
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};  // raw-score max; this lane's Σ share
+  const float scale_log2 = p.scale * kLog2e;
+  const uint64_t q_desc = sw128_desc(q_s);
+  for (int j = 0; j < tiles; ++j) {
+    const int stage = j & 1;
+    unsigned char* k_s = smem + Shape::kStageOffset + stage * Shape::kStageBytes;
+    const uint64_t k_desc = sw128_desc(k_s), v_desc = sw128_desc(k_s + kQB * kBlock);
+    cp_async_wait<1>();
+    fence_proxy_async();
+    __syncthreads();
+
+    float s[32];  // S [64 rows, 64 keys]: s[4j + v0 + 2v1] is row 16w + g + 8v1, key 8j + t2 + v0
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kQB * 4; ++kk) {
+      const uint32_t off = ((kk >> 2) * kBlock + (kk & 3) * 32) >> 4;
+      wgmma_m64n64k16_ss(s, q_desc + off, k_desc + off, kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(s);
+
     const int kb = j * kKeys;
     if (kb + kKeys > vis_min) {  // the tile reaches past a row's last visible key
 #pragma unroll
-      for (int m = 0; m < kM; ++m) {
-#pragma unroll
-        for (int nt = 0; nt < kKeys / 8; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = kb + nt * 8 + c2 + (e & 1);
-            if (key >= vis[2 * m + (e >> 1)]) s[m][nt][e] = -INFINITY;
-          }
-        }
+      for (int e = 0; e < 32; ++e) {
+        const int key = kb + (e >> 2) * 8 + t2 + (e & 1);
+        if (key >= vis[(e >> 1) & 1]) s[e] = -INFINITY;
       }
     }
-    float alpha[2 * kM], base[2 * kM];
+    float alpha[2], base[2];
     bool rescale = false;
 #pragma unroll
-    for (int r = 0; r < 2 * kM; ++r) {
+    for (int r = 0; r < 2; ++r) {
       float mx = m_run[r];
 #pragma unroll
-      for (int nt = 0; nt < kKeys / 8; ++nt) {
-        mx = fmaxf(mx, fmaxf(s[r >> 1][nt][2 * (r & 1)], s[r >> 1][nt][2 * (r & 1) + 1]));
-      }
-#pragma unroll
-      for (int off = 1; off < 4; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      for (int jj = 0; jj < 8; ++jj) mx = fmaxf(mx, fmaxf(s[4 * jj + 2 * r], s[4 * jj + 2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       // A row with no visible key yet keeps max -inf: subtract 0 instead, so every exp is of -inf (0).
       base[r] = mx == -INFINITY ? 0.0f : mx * scale_log2;
-      alpha[r] = exp2f(m_run[r] * scale_log2 - base[r]);
+      alpha[r] = exp2_approx(m_run[r] * scale_log2 - base[r]);
       m_run[r] = mx;
       l_run[r] *= alpha[r];
       rescale = rescale || alpha[r] != 1.0f;
     }
-    // Past the first tiles a row's max rarely moves: alpha is then exactly 1 and the warp skips the rescale
-    // of O (64·kM multiplies per lane).
+    // Past the first tiles a row's max rarely moves: alpha is then exactly 1 and the warp skips the rescale.
     if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
-      for (int m = 0; m < kM; ++m) {
+      for (int vb = 0; vb < kVB; ++vb) {
 #pragma unroll
-        for (int vt = 0; vt < kVTiles; ++vt) {
-          o[m][vt][0] *= alpha[2 * m];
-          o[m][vt][1] *= alpha[2 * m];
-          o[m][vt][2] *= alpha[2 * m + 1];
-          o[m][vt][3] *= alpha[2 * m + 1];
-        }
+        for (int e = 0; e < 32; ++e) o[vb][e] *= alpha[(e >> 1) & 1];
       }
     }
+    uint32_t a[4][4];  // P as the A operand of k-step ks (keys 16ks..): S of key groups 2ks and 2ks + 1
 #pragma unroll
-    for (int m = 0; m < kM; ++m) {
+    for (int e = 0; e < 32; ++e) {
+      s[e] = exp2_approx(fmaf(s[e], scale_log2, -base[(e >> 1) & 1]));
+      l_run[(e >> 1) & 1] += s[e];
+    }
 #pragma unroll
-      for (int nt = 0; nt < kKeys / 8; ++nt) {
+    for (int ks = 0; ks < 4; ++ks) {
+      a[ks][0] = pack_bf16x2(s[8 * ks + 0], s[8 * ks + 1]);
+      a[ks][1] = pack_bf16x2(s[8 * ks + 2], s[8 * ks + 3]);
+      a[ks][2] = pack_bf16x2(s[8 * ks + 4], s[8 * ks + 5]);
+      a[ks][3] = pack_bf16x2(s[8 * ks + 6], s[8 * ks + 7]);
+    }
+    wgmma_fence();
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = 2 * m + (e >> 1);
-          s[m][nt][e] = exp2f(s[m][nt][e] * scale_log2 - base[r]);
-          l_run[r] += s[m][nt][e];
-        }
+    for (int vb = 0; vb < kVB; ++vb) {
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        wgmma_m64n64k16_rs(o[vb], a[ks], v_desc + ((vb * kBlock + ks * 16 * 128) >> 4));
       }
     }
-    // O += P·V: the S accumulators of key tiles 2kk and 2kk + 1 are the A fragment of k-step kk.
+    wgmma_commit();
+    wgmma_wait<0>();
 #pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      uint32_t a[kM][4];
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        a[m][0] = pack_bf16x2(s[m][2 * kk][0], s[m][2 * kk][1]);
-        a[m][1] = pack_bf16x2(s[m][2 * kk][2], s[m][2 * kk][3]);
-        a[m][2] = pack_bf16x2(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
-        a[m][3] = pack_bf16x2(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
-      }
-#pragma unroll
-      for (int vp = 0; vp < kV / 16; ++vp) {
-        uint32_t b[4];
-        ldsm_x4_trans(
-            b, v_s + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kLdV + vp * 16 + (lane >> 4) * 8);
-#pragma unroll
-        for (int m = 0; m < kM; ++m) {
-          mma_bf16(o[m][2 * vp], a[m][0], a[m][1], a[m][2], a[m][3], b[0], b[1]);
-          mma_bf16(o[m][2 * vp + 1], a[m][0], a[m][1], a[m][2], a[m][3], b[2], b[3]);
-        }
-      }
-    }
-    __syncthreads();  // every warp is done with this stage before the next iteration refills it
+    for (int vb = 0; vb < kVB; ++vb) fence_operands(o[vb]);
+    __syncthreads();  // every warp is done with this stage before it is refilled
+    if (j + 2 < tiles) load_tile(j + 2, stage);
+    cp_async_commit();
   }
   cp_async_wait<0>();
 
 #pragma unroll
-  for (int r = 0; r < 2 * kM; ++r) {
-#pragma unroll
-    for (int off = 1; off < 4; off <<= 1) l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], off);
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
   }
   // With merge, every lane reads the earlier chunks' stats of its rows before the row's first lane
   // overwrites them.
-  float2 old[2 * kM];
+  float2 old[2];
 #pragma unroll
-  for (int r = 0; r < 2 * kM; ++r) {
-    const int t = warp_row0 + (r >> 1) * 16 + g + (r & 1) * 8;
+  for (int r = 0; r < 2; ++r) {
+    const int t = row0 + 16 * warp + g + 8 * r;
     old[r] = p.merge && t < p.tokens
                  ? *reinterpret_cast<const float2*>(p.stats + (static_cast<int64_t>(t) * p.heads + head) * 2)
                  : make_float2(-INFINITY, 0.0f);
   }
   __syncwarp();
 #pragma unroll
-  for (int r = 0; r < 2 * kM; ++r) {
-    const int t = warp_row0 + (r >> 1) * 16 + g + (r & 1) * 8, m_tile = r >> 1, half = r & 1;
+  for (int r = 0; r < 2; ++r) {
+    const int t = row0 + 16 * warp + g + 8 * r;
     if (t >= p.tokens) continue;
     const float sum = l_run[r];
     const float max_logit = sum > 0.0f ? m_run[r] * p.scale : -INFINITY;
@@ -337,40 +274,38 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kM == 1 ? 2 : 1)
     float* dst = p.out + row * Shape::kVd;
     float2* st = reinterpret_cast<float2*>(p.stats + row * 2);
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    if (!p.merge) {
-#pragma unroll
-      for (int vt = 0; vt < kVTiles; ++vt) {
-        const int col = vt * 8 + c2;
-        if (col < Shape::kVd) {
-          *reinterpret_cast<float2*>(dst + col) =
-              make_float2(o[m_tile][vt][2 * half] * inv, o[m_tile][vt][2 * half + 1] * inv);
-        }
-      }
-      if ((lane & 3) == 0) *st = make_float2(max_logit, sum);
-      continue;
-    }
-    // lse_combine over (earlier chunks, this chunk).
+    // lse_combine over (earlier chunks, this chunk); without merge the earlier part has weight 0.
     const float m = fmaxf(old[r].x, max_logit);
-    if (m == -INFINITY) continue;  // no key in either: stays 0, (-inf, 0)
-    const float w0 = old[r].y * expf(old[r].x - m), w1 = sum * expf(max_logit - m);
+    const float w0 = m == -INFINITY ? 0.0f : old[r].y * expf(old[r].x - m);
+    const float w1 = m == -INFINITY ? 0.0f : sum * expf(max_logit - m);
     const float denom = w0 + w1;
+    if (p.merge && m == -INFINITY) continue;  // no key in either: stays 0, (-inf, 0)
 #pragma unroll
-    for (int vt = 0; vt < kVTiles; ++vt) {
-      const int col = vt * 8 + c2;
-      if (col >= Shape::kVd) continue;
-      float2 y = make_float2(0.0f, 0.0f);
-      if (w0 != 0.0f) {
-        const float2 prev = *reinterpret_cast<const float2*>(dst + col);
-        y.x += w0 / denom * prev.x;
-        y.y += w0 / denom * prev.y;
+    for (int vb = 0; vb < kVB; ++vb) {
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        const int col = vb * 64 + jj * 8 + t2;
+        if (col >= Shape::kVd) continue;
+        const float x0 = o[vb][4 * jj + 2 * r] * inv, x1 = o[vb][4 * jj + 2 * r + 1] * inv;
+        float2 y;
+        if (!p.merge) {
+          y = make_float2(x0, x1);
+        } else {
+          y = make_float2(0.0f, 0.0f);
+          if (w0 != 0.0f) {
+            const float2 prev = *reinterpret_cast<const float2*>(dst + col);
+            y.x += w0 / denom * prev.x;
+            y.y += w0 / denom * prev.y;
+          }
+          if (w1 != 0.0f) {
+            y.x += w1 / denom * x0;
+            y.y += w1 / denom * x1;
+          }
+        }
+        *reinterpret_cast<float2*>(dst + col) = y;
       }
-      if (w1 != 0.0f) {
-        y.x += w1 / denom * (o[m_tile][vt][2 * half] * inv);
-        y.y += w1 / denom * (o[m_tile][vt][2 * half + 1] * inv);
-      }
-      *reinterpret_cast<float2*>(dst + col) = y;
     }
-    if ((lane & 3) == 0) *st = make_float2(m, denom);
+    if ((lane & 3) == 0) *st = p.merge ? make_float2(m, denom) : make_float2(max_logit, sum);
   }
 }
 
@@ -380,8 +315,8 @@ void launch_mla_expanded(const ExpandedParams& p, cudaStream_t stream) {
   static const cudaError_t opt_in = cudaFuncSetAttribute(
       mla_expanded_kernel<Shape, TQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes);
   HLM_CUDA_CHECK(opt_in);
-  const dim3 grid(static_cast<unsigned>(p.heads), blocks_for(p.tokens, Shape::kRows));
-  mla_expanded_kernel<Shape, TQ><<<grid, Shape::kThreads, Shape::kSmemBytes, stream>>>(p);
+  const dim3 grid(static_cast<unsigned>(p.heads), blocks_for(p.tokens, kRows));
+  mla_expanded_kernel<Shape, TQ><<<grid, kThreads, Shape::kSmemBytes, stream>>>(p);
   HLM_CHECK_LAUNCH("mla_expanded_attention");
 }
 
@@ -477,12 +412,8 @@ void mla_expanded_attention(CudaContext& ctx, const Tensor& q, const Tensor& k_n
   p.key_begin = static_cast<int>(key_begin);
   p.scale = scale;
   p.merge = merge;
-  // 32 rows per warp halve the shared-memory reads per mma and ran 24% faster on an H200 (docs/benchmarks.md,
-  // "MLA prefill: the expanded form"); their 256-row CTAs need a chunk long enough to fill the GPU.
   const bool kimi = nope == ExpandedKimi::kNope, bf16_q = q.dtype() == DType::kBF16;
-  const bool wide =
-      kimi && static_cast<int64_t>(blocks_for(tokens, ExpandedKimiWide::kRows)) * heads >= ctx.sm_count();
-  switch ((kimi ? (wide ? 4 : 2) : 0) + (bf16_q ? 1 : 0)) {
+  switch ((kimi ? 2 : 0) + (bf16_q ? 1 : 0)) {
     case 0:
       launch_mla_expanded<ExpandedFixture, float>(p, ctx.stream());
       break;
@@ -492,14 +423,8 @@ void mla_expanded_attention(CudaContext& ctx, const Tensor& q, const Tensor& k_n
     case 2:
       launch_mla_expanded<ExpandedKimi, float>(p, ctx.stream());
       break;
-    case 3:
-      launch_mla_expanded<ExpandedKimi, bf16>(p, ctx.stream());
-      break;
-    case 4:
-      launch_mla_expanded<ExpandedKimiWide, float>(p, ctx.stream());
-      break;
     default:
-      launch_mla_expanded<ExpandedKimiWide, bf16>(p, ctx.stream());
+      launch_mla_expanded<ExpandedKimi, bf16>(p, ctx.stream());
       break;
   }
 }
