@@ -1,4 +1,4 @@
-// Tensor-core fragments shared by the GEMMs (moe_experts.cu, moe_tiled_gemm.cu, skinny_gemm.cu, mla.cu):
+// Tensor-core fragments shared by the GEMMs (moe_experts.cu, moe_tiled_gemm.cu, skinny_gemm.cu):
 // the mma.sync m16n8k16 wrapper, the shared-memory fragment loads and the streaming weight load.
 #pragma once
 
