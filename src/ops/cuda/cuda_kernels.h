@@ -115,7 +115,7 @@ bool kda_decode_layer(CudaContext& ctx, const Tensor& proj, const KdaProjColumns
                       const Tensor& f_b, const Tensor& g_b, const KdaHeadParams& hp, const SeqBatch& seqs,
                       Tensor& conv_state, Tensor& state, Tensor& out);
 
-// --- MLA (mla.cu) --------------------------------------------------------------------------------------
+// --- MLA (mla.cu; the attention kernel: mla_attention.cu) ----------------------------------------------
 // entries [T, D] (BF16/F32), slots [T] I64, cache [pages, P, D] BF16.
 void cache_write(CudaContext& ctx, const Tensor& entries, const Tensor& slots, Tensor& cache);
 // Ops::mla_cache_write in one kernel.
