@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaPar
   pdl_trigger();
   constexpr int kBlocks = Shape::kBlocks, kVTiles = Shape::kVTiles;
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  unsigned char* smem = align_1024(smem_raw);
   unsigned char* k_tiles = smem;                   // [kStages][kBlocks][kKeys][128 B]
   unsigned char* q_tile = smem + Shape::kQOffset;  // [kBlocks][kMlaRows][128 B]
   unsigned char* p_tile = smem + Shape::kPOffset;  // [kMlaRows][128 B]: P[row][key], bf16
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaPar
   // i < 4, in every swizzle block, so a warp's copy instruction moves four whole 128-byte rows. The page ids
   // of a tile are read one iteration before its copy is issued, so their latency is hidden.
   const int copy_chunk = tid & 7, copy_key = tid >> 3;
-  const unsigned copy_dst = smem_addr(k_tiles) + copy_key * 128 + ((copy_chunk ^ (copy_key & 7)) << 4);
+  const unsigned copy_dst = smem_addr(k_tiles) + sw128_offset(copy_key, copy_chunk * 8, kKeys);
   auto fetch_pages = [&](int tile, int(&page)[4]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {

@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_expanded_kernel(const Expande
   constexpr int kNB = Shape::kNopeBlocks, kQB = Shape::kQkBlocks, kVB = Shape::kVBlocks;
   constexpr uint32_t kBlock = Shape::kBlockBytes;
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  unsigned char* smem = align_1024(smem_raw);
   unsigned char* q_s = smem;  // [kQB][64 rows][128 B]
   __shared__ int visible_max;
 
@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_expanded_kernel(const Expande
           v = f32x8_to_bf16(s4[0], s4[1]);
         }
       }
-      *reinterpret_cast<uint4*>(q_s + blk * kBlock + r * 128 + ((chunk ^ (r & 7)) << 4)) = v;
+      *reinterpret_cast<uint4*>(q_s + sw128_offset(r, blk * 64 + chunk * 8, kRows)) = v;
     }
     fence_proxy_async();
   }
@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_expanded_kernel(const Expande
   // Tile copy: 16-byte chunk tid % 8 of keys tid / 8 + 16i, i < 4, in every block of K and V.
   const int copy_chunk = tid & 7, copy_key = tid >> 3;
   const unsigned copy_dst =
-      smem_addr(smem) + Shape::kStageOffset + copy_key * 128 + ((copy_chunk ^ (copy_key & 7)) << 4);
+      smem_addr(smem) + Shape::kStageOffset + sw128_offset(copy_key, copy_chunk * 8, kKeys);
   auto load_tile = [&](int tile, int stage) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {

@@ -23,6 +23,12 @@ __host__ __device__ constexpr uint32_t sw128_offset(int row, int col, int rows) 
                                (col % 8) * 2);
 }
 
+// The first 1024-byte boundary at or after `p` (shared memory): where a kernel's swizzled tiles start, its
+// dynamic shared memory sized with 1024 bytes of slack for it.
+__device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
+  return p + ((1024u - (smem_addr(p) & 1023u)) & 1023u);
+}
+
 // Descriptor of a 128-byte-swizzled operand starting at `p` (shared memory): groups of 8 rows are 1024
 // bytes apart (SBO). The leading byte offset is unused by the K-major form and by an MN-major operand of
 // 64 columns (one block), the only MN-major use here; it is set to 1024 too, so that either reading of the
