@@ -382,7 +382,8 @@ void mla_prefill_case(Ops& ops, int64_t tokens, int64_t prefix, double bw) {
   }
 }
 
-// The routed experts alone (moe_experts: work list, gate|up, down, combine) at a batch of `tokens` (a
+// The routed experts alone (moe_experts: the fused decode kernel and its combine up to 32 (token, slot)
+// pairs of BF16 experts, else work list, gate|up, down, combine) at a batch of `tokens` (a
 // decode batch, or a prefill chunk with --moe-prefill, where tflop_s counts 6·T·k·D·I FLOPs),
 // each token routed to top_k distinct experts drawn at random. Every call of the captured graph takes
 // another routing (kCalls of them), so a call's experts are not left in L2 by the call before, as in a
@@ -470,7 +471,7 @@ int run(Cases cases) {
   if (all || cases == Cases::kMoe) {
     // Kimi-Linear-48B: 256 BF16 experts of [1024, 2304], top 8. K3: MXFP4 experts of [3072, 3584], top 16,
     // 224 of them (a quarter of the 896: one rank's share under expert parallelism over 4).
-    for (int64_t tokens : {1, 8, 32, 64})
+    for (int64_t tokens : {1, 2, 4, 8, 32, 64})
       moe_experts_case(*ops, "kimi-linear-48b", 256, 2304, 1024, 8, false, tokens, bw);
     for (int64_t tokens : {1, 8}) moe_experts_case(*ops, "kimi-k3", 224, 3584, 3072, 16, true, tokens, bw);
   }

@@ -386,8 +386,9 @@ TEST(CudaMoe, ExpertsKimiLinearAndK3Shapes) {
                          Shape{3584, 3072, 4, 892, 896, 16, 0.25, true, Activation::kSitu}}) {
     const Experts ex = s.mxfp4 ? mxfp4_experts(*gpu, s.local, s.inter, s.hidden, 118, 122, 118, 122, rng)
                                : dense_experts(*gpu, s.local, s.inter, s.hidden, DType::kBF16, rng);
-    // T = 1 (8 or 16 pairs): the one-warp work list; larger T: the 1024-thread one. BF16 at T = 20: the
-    // 32-token streaming kernel; at T = 512 (4,096 pairs, at least 32 per local expert): the tiled GEMMs.
+    // T = 1: BF16 the decode kernel (moe_decode_experts.cu, 64-row slices), MXFP4 (16 pairs) the one-warp
+    // work list; larger T: the 1024-thread one. BF16 at T = 20: the 32-token streaming kernel; at T = 512
+    // (4,096 pairs, at least 32 per local expert): the tiled GEMMs.
     const std::vector<int64_t> batches =
         s.mxfp4 ? std::vector<int64_t>{1, 16, 64} : std::vector<int64_t>{1, 16, 20, 512};
     for (int64_t rows : batches) {
@@ -441,7 +442,8 @@ TEST(CudaMoe, ExpertsTinyShapesEveryFormat) {
   HLM_GPU_OR_SKIP(gpu);
   auto cpu = make_cpu_ops();
   std::mt19937 rng(53);
-  // The fixtures' hidden 64 and intermediate 32; T = 5, 9, 17 take one, two and four 8-token tiles.
+  // The fixtures' hidden 64 and intermediate 32; T = 5, 9, 17 take one, two and four 8-token tiles (T = 5,
+  // 20 pairs, with BF16 experts and x: the decode kernel, one 32-row slice).
   const int64_t hidden = 64, inter = 32, local = 16;
   const Experts bf16 = dense_experts(*gpu, local, inter, hidden, DType::kBF16, rng);
   const Experts f32 = dense_experts(*gpu, local, inter, hidden, DType::kF32, rng);
@@ -488,6 +490,19 @@ TEST(CudaMoe, ExpertsEdgeRoutings) {
       Tensor x = round_bf16(random_f32({rows, hidden}, rng));
       expect_experts_match(*gpu, *cpu, x, idx, random_f32({rows, 2}, rng, 0.1f, 1.5f), ex, 0, silu,
                            DType::kBF16, "one hot expert" + fmt);
+    }
+    // 12 tokens all on expert 3 in slot 0 (24 pairs: BF16 takes the decode kernel, whose expert then has
+    // an 8-token pass and a 4-token one).
+    {
+      const int64_t rows = 12;
+      Tensor idx = Tensor::empty({rows, 2}, DType::kI32);
+      for (int64_t t = 0; t < rows; ++t) {
+        idx.data<int32_t>()[t * 2] = 3;
+        idx.data<int32_t>()[t * 2 + 1] = static_cast<int32_t>(t % 3 == 0 ? 7 : t % 3);
+      }
+      Tensor x = round_bf16(random_f32({rows, hidden}, rng));
+      expect_experts_match(*gpu, *cpu, x, idx, random_f32({rows, 2}, rng, 0.1f, 1.5f), ex, 0, silu,
+                           DType::kBF16, "one expert, two decode passes" + fmt);
     }
     // k = E: every token on every expert.
     {

@@ -10,6 +10,8 @@
 //     h rows of the expert's pairs, in fp32 into y [T·k, D].
 //  4. combine_kernel: out[t] = Σ_j w[t, j] · y[t·k + j] over the slots with a local expert, in slot
 //     order: a fixed order, no atomics, so the result is the same every run.
+// Decode-sized batches of BF16 experts and tokens (up to 32 (token, slot) pairs) take two launches instead
+// (moe_decode_experts.cu: each CTA one slice of an expert, gate/up then down, and a combine of the slices).
 // Prefill-sized batches with BF16 weights (at least kTiledMinPairsPerExpert pairs per local expert) run
 // steps 2 and 3 as tiled GEMMs instead (moe_tiled_gemm.cu), on the same list and into the same h and y.
 // The GEMMs here are weight-streaming tensor-core kernels (mma.sync m16n8k16, bf16 in, fp32 accumulate) with
@@ -23,6 +25,7 @@
 #include "ops/cuda/cuda_kernels.h"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/mma.cuh"
+#include "ops/cuda/moe_decode_experts.cuh"
 #include "ops/cuda/moe_work_list.cuh"
 #include "ops/cuda/pdl.cuh"
 
@@ -783,6 +786,30 @@ Tensor moe_experts(CudaContext& ctx, const Tensor& x, const Tensor& idx, const T
   const int64_t pairs = rows * top_k;
   const int64_t max_active = std::min(local, pairs);
   const bool x_bf16 = x.dtype() == DType::kBF16;
+  if (format == WFormat::kBf16 && x_bf16 && decode_experts_fit(rows, top_k, hidden, inter)) {
+    Tensor y = ctx.empty({inter / decode_experts_slice(inter), pairs, hidden}, DType::kF32);  // [S, T·k, D]
+    const DecodeExpertsParams dp{ew.gate.raw(),
+                                 ew.up.raw(),
+                                 ew.down.raw(),
+                                 x.raw(),
+                                 idx.data<int32_t>(),
+                                 weights.data<float>(),
+                                 y.data<float>(),
+                                 out.data<float>(),
+                                 addend != nullptr ? addend->raw() : nullptr,
+                                 addend != nullptr && addend->dtype() == DType::kBF16,
+                                 rows,
+                                 hidden,
+                                 inter,
+                                 expert_begin,
+                                 static_cast<int>(local),
+                                 static_cast<int>(top_k),
+                                 act.kind == Activation::kSitu,
+                                 act.situ_beta,
+                                 act.situ_linear_beta};
+    launch_decode_experts(dp, ctx.stream());
+    return out;
+  }
   const bool tiled = format == WFormat::kBf16 && x_bf16 && tiled_experts_fit(hidden, inter) &&
                      pairs >= kTiledMinPairsPerExpert * local;
   const int64_t list_ints = 1 + 3 * max_active + pairs;
