@@ -106,7 +106,10 @@ Tensor MoeLayer::forward(const LayerEnv& env, const Tensor& x) {
   // the routed GEMMs need not wait for the shared ones: the 48B MoE layer took 60.8 against 59.9 µs at
   // batch 1, the 4K batch-1 step 2.844-2.879 against 2.814-2.823 ms. And joining inside moe_experts_add
   // just before its combine kernel, no launch added: the MoE layer 59.5-59.6 against 59.3-59.6 µs at batch
-  // 1, the step 2.735-2.754 against 2.725-2.761 ms, batch 8 7.80-7.92 against 7.80-7.84.)
+  // 1, the step 2.735-2.754 against 2.725-2.761 ms, batch 8 7.80-7.92 against 7.80-7.84.) What they cost
+  // beside the routed experts' decode kernel, measured by leaving them out (48B, 4K, H200): the batch-1
+  // step 2.58-2.59 against 2.48-2.49 ms without them, about the time of their 14 MB at the copy bandwidth
+  // (3.3 µs a layer), so folding them into that kernel as one more expert would gain little.
   Tensor shared;  // [T, hidden] partial
   if (has_shared_) {
     ops.begin_side();
