@@ -37,10 +37,12 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
                : "memory");
 }
 
-// Weights are read once: through L2 without allocating in L1, which keeps the token rows there.
+// Weights are read once: through L2 without allocating in L1, which keeps the token rows there. The
+// 256-byte L2 prefetch hint lets a miss bring the rest of its 256 bytes, which the GEMMs' lanes read in
+// 64-byte pieces per row at about the same time (neighbour lanes, warps and CTAs).
 __device__ __forceinline__ uint4 load_streaming(const void* p) {
   uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
   return v;
