@@ -245,15 +245,7 @@ __global__ void __launch_bounds__(kCombineLanes* kDecodeExpertsMaxTopK)
   const bool here = e >= 0 && e < p.local;
   const float weight = here ? p.weights[pair] : 0.0f;
   float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if (j == 0 && p.addend != nullptr && inside) {
-    if (p.addend_bf16) {
-      const uint2 raw = reinterpret_cast<const uint2*>(static_cast<const bf16*>(p.addend) + tok * D)[d4];
-      const float2 lo = unpack_bf16x2(raw.x), hi = unpack_bf16x2(raw.y);
-      a = make_float4(lo.x, lo.y, hi.x, hi.y);
-    } else {
-      a = reinterpret_cast<const float4*>(static_cast<const float*>(p.addend) + tok * D)[d4];
-    }
-  }
+  if (j == 0 && p.addend != nullptr && inside) a = load_addend4(p.addend, p.addend_bf16, tok, D, d4);
   pdl_wait();
   pdl_trigger();
   float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);

@@ -8,6 +8,8 @@
 
 #include <cuda_runtime.h>
 
+#include "ops/cuda/device_math.cuh"
+
 namespace hlm::cuda {
 
 struct DecodeExpertsParams {
@@ -30,6 +32,18 @@ struct DecodeExpertsParams {
   bool situ;
   float situ_beta, situ_linear_beta;
 };
+
+// Float4 d4 of row `row` of the combines' addend [T, D] (BF16 or F32), as floats; shared by both MoE
+// combine kernels (moe_experts.cu and moe_decode_experts.cu).
+__device__ __forceinline__ float4 load_addend4(const void* addend, bool is_bf16, int64_t row, int64_t D,
+                                               int64_t d4) {
+  if (is_bf16) {
+    const uint2 raw = reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(addend) + row * D)[d4];
+    const float2 lo = unpack_bf16x2(raw.x), hi = unpack_bf16x2(raw.y);
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+  }
+  return reinterpret_cast<const float4*>(static_cast<const float*>(addend) + row * D)[d4];
+}
 
 // The (token, slot) pairs a decode batch may have for this path: the CTA finds its expert among them in
 // one warp.

@@ -607,15 +607,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams 
   const int64_t d4 = static_cast<int64_t>(blockIdx.y) * kCombineThreads + threadIdx.x;
   const bool inside = d4 * 4 < p.hidden;
   float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if (p.addend != nullptr && inside) {
-    if (p.addend_bf16) {
-      const uint2 raw = reinterpret_cast<const uint2*>(static_cast<const bf16*>(p.addend) + t * p.hidden)[d4];
-      const float2 lo = unpack_bf16x2(raw.x), hi = unpack_bf16x2(raw.y);
-      a = make_float4(lo.x, lo.y, hi.x, hi.y);
-    } else {
-      a = reinterpret_cast<const float4*>(static_cast<const float*>(p.addend) + t * p.hidden)[d4];
-    }
-  }
+  if (p.addend != nullptr && inside) a = load_addend4(p.addend, p.addend_bf16, t, p.hidden, d4);
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   auto add_slot = [&](float w, float4 v) {
     acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
