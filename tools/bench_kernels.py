@@ -14,7 +14,8 @@ object per measurement and a table with the ratio ours / peer in time.
 Needs torch, triton, einops and fla-core 0.6.0 (pip install fla-core==0.6.0; on a machine without a
 package index: pip install --no-deps the wheels). With --mla, only the MLA decode cases (kernel_bench --mla)
 and their PyTorch peer; with --mla-prefill, only the MLA prefill cases (kernel_bench --mla-prefill) and
-theirs: torch alone.
+theirs: torch alone; with --kda-prefill, only the KDA prefill cases (kernel_bench --kda-prefill) and fla's
+chunk_kda.
 """
 import argparse
 import json
@@ -58,10 +59,9 @@ def eager_seconds(torch, op):
     return statistics.median(times)
 
 
-def kda_peers(torch, copy_bw, rand):
-    from fla.ops.kda import chunk_kda, fused_recurrent_kda
+def kda_decode_peers(torch, copy_bw, rand):
+    from fla.ops.kda import fused_recurrent_kda
 
-    dev = "cuda"
     out = []
     for b in (1, 8, 64):
         q, k, v = (rand((b, 1, HEADS, DIM), torch.bfloat16) for _ in range(3))
@@ -74,6 +74,14 @@ def kda_peers(torch, copy_bw, rand):
         nbytes = 2.0 * state.numel() * 4
         out.append({"op": "kda_decode", "impl": "fla fused_recurrent_kda", "batch": b, "us": t * 1e6,
                     "gb_s": nbytes / t / 1e9, "fraction_of_copy_bandwidth": nbytes / t / copy_bw})
+    return out
+
+
+def kda_prefill_peers(torch, rand):
+    from fla.ops.kda import chunk_kda
+
+    dev = "cuda"
+    out = []
     for b in (1, 4):
         for tokens in (8192, 65536):
             q, k, v = (rand((b, tokens, HEADS, DIM), torch.bfloat16) for _ in range(3))
@@ -88,15 +96,18 @@ def kda_peers(torch, copy_bw, rand):
     return out
 
 
-def peers(torch, copy_bw, mla_only):
-    dev = "cuda"
-    out = []
-
+def uniform(torch):
     def rand(shape, dtype, scale=1.0, offset=0.0):
-        return ((torch.rand(shape, device=dev, dtype=torch.float32) * 2 - 1) * scale + offset).to(dtype)
+        return ((torch.rand(shape, device="cuda", dtype=torch.float32) * 2 - 1) * scale + offset).to(dtype)
 
+    return rand
+
+
+def peers(torch, copy_bw, mla_only):
+    rand = uniform(torch)
+    out = []
     if not mla_only:
-        out += kda_peers(torch, copy_bw, rand)
+        out += kda_decode_peers(torch, copy_bw, rand) + kda_prefill_peers(torch, rand)
     for heads in (32, 96):
         for b in (1, 8):
             keys, latent, cache_dim = 65536, 512, 576
@@ -141,8 +152,10 @@ def main():
     ap.add_argument("--kernel-bench", default="build/tests/bench/kernel_bench")
     ap.add_argument("--mla", action="store_true", help="only the MLA decode cases (no fla needed)")
     ap.add_argument("--mla-prefill", action="store_true", help="only the MLA prefill cases (no fla needed)")
+    ap.add_argument("--kda-prefill", action="store_true", help="only the KDA prefill cases and fla's chunk_kda")
     args = ap.parse_args()
-    command = [args.kernel_bench] + (["--mla"] if args.mla else []) + (["--mla-prefill"] if args.mla_prefill else [])
+    only = [f"--{name}" for name in ("mla", "mla-prefill", "kda-prefill") if getattr(args, name.replace("-", "_"))]
+    command = [args.kernel_bench] + only
     ours_text = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     ours = [json.loads(line) for line in ours_text.splitlines() if line.startswith("{")]
     copy_bw = next(m["gb_s"] for m in ours if m["op"] == "copy") * 1e9
@@ -152,8 +165,9 @@ def main():
     import torch
 
     if args.mla_prefill:
-        theirs = mla_prefill_peers(
-            torch, lambda shape, dtype: ((torch.rand(shape, device="cuda") * 2 - 1)).to(dtype))
+        theirs = mla_prefill_peers(torch, uniform(torch))
+    elif args.kda_prefill:
+        theirs = kda_prefill_peers(torch, uniform(torch))
     else:
         theirs = peers(torch, copy_bw, args.mla)
     for m in theirs:

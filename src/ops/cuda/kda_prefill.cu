@@ -17,16 +17,18 @@
 // L2 hits); the output, 256 B. FLOPs: kernel 1 ≈ 21 K for the pairwise-decayed Aqk/Akk dot products plus
 // K·C/2 ≈ 4 K expf (the exact pairwise decays), and ≈ 16 K for the two forward substitutions; kernel 2
 // ≈ 104 K (W·S, QG·S and the state update at 32 K each, Aqk·Vn 8 K). All on fp32 CUDA cores from shared
-// memory, so this is ALU/shared-memory bound, not memory bound: at 32 heads and 8K tokens ≈ 37 GFLOP,
-// with kernel 2 the long pole at batch 1 (128 CTAs, 1.7 MFLOP per CTA per chunk, 128 chunks in sequence;
-// estimated 1.5–2.5 ms for the whole prefill; measured on an H200: 5.1 ms, where fla chunk_kda took 1.54 ms
-// in an earlier job of tools/bench_kernels.py). Reaching the 1.2×-fla target
+// memory, so this is ALU/shared-memory bound, not memory bound: at 32 heads and 8K tokens ≈ 37 GFLOP
+// (kernel 2 at batch 1: 128 CTAs, 1.7 MFLOP per CTA per chunk, 128 chunks in sequence). Measured on an
+// H200 (kernel_bench --kda-prefill, 8K tokens, batch 1): 4.1 ms, kernel 1 2.78 and kernel 2 1.27 (2.30
+// before its register tiles), where fla chunk_kda took 1.54 ms in an earlier job of
+// tools/bench_kernels.py. Reaching the 1.2×-fla target
 // needs tensor cores for the three [64 × 128 × 32] products of kernel 2 and for Aqk/Akk with sub-chunk
 // anchors (bounded gate) or exact diagonal blocks (softplus gate) (KERNELS.md §1, §4.2), a bf16 workspace,
 // and segment parallelism across a sequence at batch 1; this version is the exact fp32 form they are
 // checked against.
 #include <algorithm>
 
+#include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/kda_common.cuh"
 
@@ -40,9 +42,8 @@ constexpr int kChunk = 64;
 // heads, K = V = 128, 8K tokens, batch 1; chunk / chain threads): 256 / 256 8.41 ms, 512 / 512 5.57,
 // 512 / 1024 5.62, 1024 / 1024 5.13, 1024 / 512 5.11 (64K tokens: 66.1 against 39.9 ms).
 constexpr int kChunkThreads = 1024;
-// The chain's: at most kCols·D (ChainTile), so that each thread owns at least one state row.
-template <int D>
-constexpr int kChainThreads = D >= 32 ? 512 : 256;
+// The chain's: one register tile of each kind per thread at most (ChainTile).
+constexpr int kChainThreads = 512;
 
 // q, k, v are [T, H, D] (K = V = D).
 template <class XT>
@@ -175,119 +176,183 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
   }
 }
 
-// How kda_chain_kernel<D> splits a head: kCols value columns per CTA; a thread owns one column (lanes over
-// columns) and, within the chunk, rows row_group + kRowGroups·r of the chunk (kRowsI of them) and of the
-// state (kRowsD of them).
-template <int D, int kThreads>
+// How kda_chain_kernel<D> splits a head: kCols value columns per CTA, kChainThreads threads. The chunk's
+// products are register tiles, so that each shared-memory load feeds several FMAs (a thread per column
+// and row group, as before, loaded 9 floats per 8 FMAs and was bound by shared-memory issue):
+//  - Vn = U − W·S, O = QG·S and O += Aqk·Vn: 2 rows x 2 columns of [C, kCols] per thread, rows 2rp and
+//    2rp + 1 (W and QG rows as float4 broadcasts, padded to kRowPad so that the two rows a warp reads sit
+//    in different banks), columns 2cp and 2cp + 1 (S and Vn as float2).
+//  - the state update: 4 rows x 2 columns of the slice [D, kCols] per thread (KG as float4).
+// Every sum keeps the order of the CPU op and of the earlier kernel: over d ascending, then over j.
+template <int D>
 struct ChainTile {
   static constexpr int kCols = D < 32 ? D : 32;
   static constexpr int kSplits = D / kCols;
-  static constexpr int kRowGroups = kThreads / kCols;
-  static constexpr int kRowsI = kChunk / kRowGroups;
-  static constexpr int kRowsD = D / kRowGroups;
-  static_assert(D % kCols == 0 && kChunk % kRowGroups == 0 && D % kRowGroups == 0);
-  // Shared memory: the state slice [D][kCols], W, QG, KG [C][D], U then Vn [C][kCols], Aqk [C][C],
-  // exp(Γ_last) [D].
-  static constexpr size_t kSmemBytes =
-      sizeof(float) * (D * kCols + 3 * kChunk * D + kChunk * kCols + kChunk * kChunk + D);
+  static constexpr int kRowPad = D + 4;
+  static constexpr int kColPairs = kCols / 2;
+  static constexpr int kOutTiles = kChunk / 2 * kColPairs;  // 2 x 2 tiles of [C, kCols]
+  static constexpr int kStateTiles = D / 4 * kColPairs;     // 4 x 2 tiles of [D, kCols]
+  static_assert(D % kCols == 0 && D % 4 == 0 && kOutTiles <= kChainThreads && kStateTiles <= kChainThreads);
+  // Shared memory (floats): the state slice [D][kCols], W and QG [C][kRowPad], KG [C][D], U and Vn
+  // [C][kCols], Aqk [C][C], exp(Γ_last) [D].
+  static constexpr int kFloats =
+      D * kCols + 2 * kChunk * kRowPad + kChunk * D + 2 * kChunk * kCols + kChunk * kChunk + D;
+  static constexpr size_t kSmemBytes = sizeof(float) * kFloats;
 };
 
-// Grid (kSplits, H, S): a CTA per (sequence, head, kCols value columns), kThreads / 32 warps, walking the
-// sequence's chunks in order with its [D, kCols] slice of the state in shared memory. Per chunk: the chunk's
-// workspace rows are staged in shared memory (rows past the chunk's end as zeros); each thread computes Vn
-// and the state part of O for its kRowsI rows (one pass over the key channels, the W and QG reads are
-// broadcasts within a warp); then the in-chunk part of O and the state update for its kRowsD state rows.
-template <int D, class XT, int kThreads>
-__global__ void __launch_bounds__(kThreads) kda_chain_kernel(KdaPrefillParams<XT> p) {
-  using Tile = ChainTile<D, kThreads>;
-  constexpr int kCols = Tile::kCols, kRowGroups = Tile::kRowGroups;
-  extern __shared__ float chain_smem[];
+// Grid (kSplits, H, S): a CTA per (sequence, head, kCols value columns), walking the sequence's chunks in
+// order with its [D, kCols] slice of the state in shared memory. The chunk's workspace rows come in with
+// cp.async in two groups, each issued as soon as its buffers are free, so that the loads of chunk c + 1
+// overlap the math of chunk c: group A (W, QG, U), read by the first products, goes out once they are
+// done; group B (KG, Aqk, exp(Γ_last)), read by the in-chunk part and the state update, once those are.
+// Rows past the chunk's end are zero-filled. Per chunk:
+//  1. Vn = U − W·S and O = QG·S against the state at the chunk's start (Vn to shared memory, O kept).
+//  2. O[i] += Σ_{j≤i} Aqk[i][j] Vn[j], written out.
+//  3. S = diag(exp(Γ_last)) S + Σ_j KG_jᵀ Vn_j; a thread updates only its own state elements.
+template <int D, class XT>
+__global__ void __launch_bounds__(kChainThreads) kda_chain_kernel(KdaPrefillParams<XT> p) {
+  using Tile = ChainTile<D>;
+  constexpr int kCols = Tile::kCols, kRowPad = Tile::kRowPad, kColPairs = Tile::kColPairs;
+  extern __shared__ __align__(16) float chain_smem[];
   float* st = chain_smem;                      // [D][kCols] the state slice
-  float* w_sh = st + D * kCols;                // [C][D]
-  float* qg_sh = w_sh + kChunk * D;            // [C][D]
-  float* kg_sh = qg_sh + kChunk * D;           // [C][D]
-  float* u_sh = kg_sh + kChunk * D;            // [C][kCols] U, then Vn
-  float* aqk_sh = u_sh + kChunk * kCols;       // [C][C]
+  float* w_sh = st + D * kCols;                // [C][kRowPad]
+  float* qg_sh = w_sh + kChunk * kRowPad;      // [C][kRowPad]
+  float* kg_sh = qg_sh + kChunk * kRowPad;     // [C][D]
+  float* u_sh = kg_sh + kChunk * D;            // [C][kCols]
+  float* vn_sh = u_sh + kChunk * kCols;        // [C][kCols]
+  float* aqk_sh = vn_sh + kChunk * kCols;      // [C][C], entries j ≤ i
   float* decay_sh = aqk_sh + kChunk * kChunk;  // [D]
 
   const int h = blockIdx.y;
   const Span span = load_span(p.table, blockIdx.z);
   const int count = min(span.count, p.max_tokens);
   if (span.slot < 0 || count <= 0) return;
-  const int tid = threadIdx.x, e = tid % kCols, row_group = tid / kCols;
+  const int tid = threadIdx.x;
   const int col0 = blockIdx.x * kCols;
   float* state = p.state + (static_cast<int64_t>(span.slot) * p.heads + h) * D * D;  // [D, D]
-  for (int x = tid; x < D * kCols; x += kThreads) st[x] = state[(x / kCols) * D + col0 + x % kCols];
+  for (int x = tid; x < D * kCols; x += kChainThreads) st[x] = state[(x / kCols) * D + col0 + x % kCols];
 
+  // Index of (row i of the chunk starting at token c0, head h) in [T, H, ...].
+  auto token_head = [&](int c0, int i) { return (static_cast<int64_t>(span.begin) + c0 + i) * p.heads + h; };
+  // Rows [0, C) of a [T, H, width] workspace tensor from column `col` into shared rows of `ld` floats.
+  auto stage_rows = [&](float* dst, int ld, const float* src, int width, int src_ld, int col, int c0) {
+    const int m = min(kChunk, count - c0), quads = width / 4;
+    for (int x = tid; x < kChunk * quads; x += kChainThreads) {
+      const int i = x / quads, q = x % quads;
+      const bool valid = i < m;
+      cp_async16(dst + i * ld + 4 * q, valid ? src + token_head(c0, i) * src_ld + col + 4 * q : src, valid);
+    }
+  };
+  auto stage_a = [&](int c0) {
+    if (c0 < count) {
+      stage_rows(w_sh, kRowPad, p.w, D, D, 0, c0);
+      stage_rows(qg_sh, kRowPad, p.qg, D, D, 0, c0);
+      stage_rows(u_sh, kCols, p.u, kCols, D, col0, c0);
+    }
+    cp_async_commit();
+  };
+  auto stage_b = [&](int c0) {
+    if (c0 < count) {
+      stage_rows(kg_sh, D, p.kg, D, D, 0, c0);
+      stage_rows(aqk_sh, kChunk, p.aqk, kChunk, kChunk, 0, c0);
+      for (int x = tid; x < D / 4; x += kChainThreads)
+        cp_async16(decay_sh + 4 * x, p.decay + token_head(c0, 0) * D + 4 * x, true);
+    }
+    cp_async_commit();
+  };
+  stage_a(0);
+  stage_b(0);
+
+  const int cp = tid % kColPairs, col = 2 * cp;
+  const bool has_out = tid < Tile::kOutTiles, has_state = tid < Tile::kStateTiles;
+  const int i0 = 2 * (tid / kColPairs);  // rows i0, i0 + 1 of the output tile
+  const int d0 = 4 * (tid / kColPairs);  // rows d0 .. d0 + 3 of the state tile
   for (int c0 = 0; c0 < count; c0 += kChunk) {
     const int m = min(kChunk, count - c0);
-    const int64_t row0 = static_cast<int64_t>(span.begin) + c0;
-    auto token_head = [&](int i) { return (row0 + i) * p.heads + h; };
-    for (int x = tid; x < kChunk * D; x += kThreads) {
-      const int i = x / D;
-      const int64_t at = token_head(i) * D + x % D;
-      w_sh[x] = i < m ? p.w[at] : 0.0f;
-      qg_sh[x] = i < m ? p.qg[at] : 0.0f;
-      kg_sh[x] = i < m ? p.kg[at] : 0.0f;
+    cp_async_wait<1>();  // group A of this chunk (group B may still be in flight)
+    __syncthreads();     // ... for every thread's copies, and the state updated by the previous chunk
+
+    float2 o[2] = {make_float2(0.0f, 0.0f), make_float2(0.0f, 0.0f)};
+    if (has_out) {
+      float2 vn[2];
+      const float* w_row = w_sh + i0 * kRowPad;
+      const float* qg_row = qg_sh + i0 * kRowPad;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) vn[r] = *reinterpret_cast<const float2*>(u_sh + (i0 + r) * kCols + col);
+#pragma unroll 2
+      for (int d = 0; d < D; d += 4) {
+        float2 s[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) s[k] = *reinterpret_cast<const float2*>(st + (d + k) * kCols + col);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float4 wq = *reinterpret_cast<const float4*>(w_row + r * kRowPad + d);
+          const float4 qq = *reinterpret_cast<const float4*>(qg_row + r * kRowPad + d);
+          const float wv[4] = {wq.x, wq.y, wq.z, wq.w}, qv[4] = {qq.x, qq.y, qq.z, qq.w};
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            o[r].x += qv[k] * s[k].x;
+            o[r].y += qv[k] * s[k].y;
+            vn[r].x -= wv[k] * s[k].x;
+            vn[r].y -= wv[k] * s[k].y;
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) *reinterpret_cast<float2*>(vn_sh + (i0 + r) * kCols + col) = vn[r];
     }
-    for (int x = tid; x < kChunk * kCols; x += kThreads) {
-      const int i = x / kCols;
-      u_sh[x] = i < m ? p.u[token_head(i) * D + col0 + x % kCols] : 0.0f;
-    }
-    for (int x = tid; x < kChunk * kChunk; x += kThreads) {
-      const int i = x / kChunk, j = x % kChunk;
-      aqk_sh[x] = i < m && j <= i ? p.aqk[token_head(i) * kChunk + j] : 0.0f;
-    }
-    for (int d = tid; d < D; d += kThreads) decay_sh[d] = p.decay[token_head(0) * D + d];
+    __syncthreads();  // all of Vn; W, QG and U are free
+    stage_a(c0 + kChunk);
+    cp_async_wait<1>();  // group B of this chunk
     __syncthreads();
 
-    // Against the state at the chunk's start: Vn = U − W·S (in place of U) and O = QG·S.
-    float vn[Tile::kRowsI], o[Tile::kRowsI];
+    if (has_out && i0 < m) {
+      const float* a0 = aqk_sh + i0 * kChunk;
+      const float* a1 = a0 + kChunk;
+      for (int j = 0; j <= i0; ++j) {
+        const float2 v = *reinterpret_cast<const float2*>(vn_sh + j * kCols + col);
+        o[0].x += a0[j] * v.x;
+        o[0].y += a0[j] * v.y;
+        o[1].x += a1[j] * v.x;
+        o[1].y += a1[j] * v.y;
+      }
+      const float2 v = *reinterpret_cast<const float2*>(vn_sh + (i0 + 1) * kCols + col);
+      o[1].x += a1[i0 + 1] * v.x;
+      o[1].y += a1[i0 + 1] * v.y;
 #pragma unroll
-    for (int r = 0; r < Tile::kRowsI; ++r) {
-      vn[r] = u_sh[(row_group + kRowGroups * r) * kCols + e];
-      o[r] = 0.0f;
-    }
-    for (int d = 0; d < D; ++d) {
-      const float s = st[d * kCols + e];
-#pragma unroll
-      for (int r = 0; r < Tile::kRowsI; ++r) {
-        const int i = row_group + kRowGroups * r;
-        o[r] += qg_sh[i * D + d] * s;
-        vn[r] -= w_sh[i * D + d] * s;
+      for (int r = 0; r < 2; ++r) {
+        if (i0 + r < m) {
+          *reinterpret_cast<__nv_bfloat162*>(p.out + token_head(c0, i0 + r) * D + col0 + col) =
+              __floats2bfloat162_rn(o[r].x, o[r].y);
+        }
       }
     }
+    if (has_state) {
+      float2 sn[4];
 #pragma unroll
-    for (int r = 0; r < Tile::kRowsI; ++r) u_sh[(row_group + kRowGroups * r) * kCols + e] = vn[r];
-    __syncthreads();  // all of Vn, and every read of the state at the chunk's start, are done
-
-    // Within the chunk: O[i] += Σ_{j≤i} Aqk[i][j] Vn[j].
-#pragma unroll
-    for (int r = 0; r < Tile::kRowsI; ++r) {
-      const int i = row_group + kRowGroups * r;
-      if (i < m) {
-        float acc = o[r];
-        for (int j = 0; j <= i; ++j) acc += aqk_sh[i * kChunk + j] * u_sh[j * kCols + e];
-        p.out[token_head(i) * D + col0 + e] = __float2bfloat16_rn(acc);
+      for (int r = 0; r < 4; ++r) {
+        const float2 s = *reinterpret_cast<const float2*>(st + (d0 + r) * kCols + col);
+        sn[r] = make_float2(s.x * decay_sh[d0 + r], s.y * decay_sh[d0 + r]);
       }
-    }
-    // S = diag(exp(Γ_last)) S + Σ_j KG_j Vn_jᵀ; a thread updates only its own state elements.
-    float sn[Tile::kRowsD];
+      for (int j = 0; j < m; ++j) {
+        const float4 kq = *reinterpret_cast<const float4*>(kg_sh + j * D + d0);
+        const float2 v = *reinterpret_cast<const float2*>(vn_sh + j * kCols + col);
+        const float kv[4] = {kq.x, kq.y, kq.z, kq.w};
 #pragma unroll
-    for (int r = 0; r < Tile::kRowsD; ++r) {
-      const int d = row_group + kRowGroups * r;
-      sn[r] = st[d * kCols + e] * decay_sh[d];
-    }
-    for (int j = 0; j < m; ++j) {
-      const float vn_j = u_sh[j * kCols + e];
+        for (int r = 0; r < 4; ++r) {
+          sn[r].x += kv[r] * v.x;
+          sn[r].y += kv[r] * v.y;
+        }
+      }
 #pragma unroll
-      for (int r = 0; r < Tile::kRowsD; ++r) sn[r] += kg_sh[j * D + row_group + kRowGroups * r] * vn_j;
+      for (int r = 0; r < 4; ++r) *reinterpret_cast<float2*>(st + (d0 + r) * kCols + col) = sn[r];
     }
-#pragma unroll
-    for (int r = 0; r < Tile::kRowsD; ++r) st[(row_group + kRowGroups * r) * kCols + e] = sn[r];
-    __syncthreads();  // before the next chunk restages the buffers and reads the updated state
+    __syncthreads();  // KG, Aqk and exp(Γ_last) are free
+    stage_b(c0 + kChunk);
   }
-  for (int x = tid; x < D * kCols; x += kThreads) state[(x / kCols) * D + col0 + x % kCols] = st[x];
+  cp_async_wait<0>();
+  __syncthreads();
+  for (int x = tid; x < D * kCols; x += kChainThreads) state[(x / kCols) * D + col0 + x % kCols] = st[x];
 }
 
 template <int D, class XT>
@@ -301,13 +366,11 @@ void launch_kda_prefill(const KdaPrefillParams<XT>& p, cudaStream_t stream) {
   kda_chunk_kernel<D, XT, kChunkThreads><<<chunk_grid, kChunkThreads, chunk_smem, stream>>>(p);
   HLM_CHECK_LAUNCH("kda_chunk_kernel");
 
-  constexpr int kThreads = kChainThreads<D>;
-  using Tile = ChainTile<D, kThreads>;
-  HLM_CUDA_CHECK(cudaFuncSetAttribute(kda_chain_kernel<D, XT, kThreads>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+  using Tile = ChainTile<D>;
+  HLM_CUDA_CHECK(cudaFuncSetAttribute(kda_chain_kernel<D, XT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(Tile::kSmemBytes)));
   const dim3 chain_grid(Tile::kSplits, p.heads, p.num_spans);
-  kda_chain_kernel<D, XT, kThreads><<<chain_grid, kThreads, Tile::kSmemBytes, stream>>>(p);
+  kda_chain_kernel<D, XT><<<chain_grid, kChainThreads, Tile::kSmemBytes, stream>>>(p);
   HLM_CHECK_LAUNCH("kda_chain_kernel");
 }
 
