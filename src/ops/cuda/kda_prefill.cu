@@ -1,7 +1,9 @@
 // KDA chunked prefill (docs/MODEL.md §5.6), the same function as ops/cpu/kda.cc kda_prefill: chunks of 64
-// aligned to each sequence's first new token, the last one partial, every decay pairwise exp(Γ_i − Γ_j)
-// with i ≥ j (Γ is summed in double, as in the CPU op, so that the difference of two large cumulative sums
-// keeps its precision: softplus gates take Γ to −1000s within a chunk). fp32 math throughout, on CUDA cores.
+// aligned to each sequence's first new token, the last one partial. Decays inside a 16-row sub-block are
+// pairwise exp(Γ_i − Γ_j) with i ≥ j; across sub-blocks they are factored through the later sub-block's
+// first row a, exp(Γ_i − Γ_a)·exp(Γ_a − Γ_j), both exponents ≤ 0, so nothing overflows whatever the gate.
+// Γ is summed in double, as in the CPU op, so that the difference of two large cumulative sums keeps its
+// precision: softplus gates take Γ to −1000s within a chunk. fp32 math throughout, on CUDA cores.
 //
 // Two kernels, split where the math splits (KERNELS.md §4.2, fla's chunk_kda):
 //  1. kda_chunk_kernel, grid (chunks, H, S), fully parallel: everything of a chunk that does not depend on
@@ -14,18 +16,16 @@
 //
 // Cost at K = V = 128 per (token, head). Bytes: q, k, v (bf16) and g (fp32) in, ≈ 1.3 KB; the workspace,
 // ≈ 2.3 KB written once and read back by each of the 4 column CTAs of kernel 2 (≈ 7.5 KB of reads, mostly
-// L2 hits); the output, 256 B. FLOPs: kernel 1 ≈ 21 K for the pairwise-decayed Aqk/Akk dot products plus
-// K·C/2 ≈ 4 K expf (the exact pairwise decays), and ≈ 16 K for the two forward substitutions; kernel 2
-// ≈ 104 K (W·S, QG·S and the state update at 32 K each, Aqk·Vn 8 K). All on fp32 CUDA cores from shared
-// memory, so this is ALU/shared-memory bound, not memory bound: at 32 heads and 8K tokens ≈ 37 GFLOP
-// (kernel 2 at batch 1: 128 CTAs, 1.7 MFLOP per CTA per chunk, 128 chunks in sequence). Measured on an
-// H200 (kernel_bench --kda-prefill, 8K tokens, batch 1): 4.1 ms, kernel 1 2.78 and kernel 2 1.27 (2.30
-// before its register tiles), where fla chunk_kda took 1.54 ms in an earlier job of
-// tools/bench_kernels.py. Reaching the 1.2×-fla target
-// needs tensor cores for the three [64 × 128 × 32] products of kernel 2 and for Aqk/Akk with sub-chunk
-// anchors (bounded gate) or exact diagonal blocks (softplus gate) (KERNELS.md §1, §4.2), a bf16 workspace,
-// and segment parallelism across a sequence at batch 1; this version is the exact fp32 form they are
-// checked against.
+// L2 hits); the output, 256 B. FLOPs: kernel 1 ≈ 21 K for the Aqk/Akk dot products plus ≈ 1.7 K expf
+// (pairwise inside sub-blocks, per row across them), and ≈ 16 K for the two forward substitutions;
+// kernel 2 ≈ 104 K (W·S, QG·S and the state update at 32 K each, Aqk·Vn 8 K). All on fp32 CUDA cores from
+// shared memory, so this is ALU/shared-memory bound, not memory bound: at 32 heads and 8K tokens ≈ 37
+// GFLOP (kernel 2 at batch 1: 128 CTAs, 1.7 MFLOP per CTA per chunk, 128 chunks in sequence). Measured on
+// an H200 (kernel_bench --kda-prefill, 8K tokens, batch 1): 2.70 ms, kernel 1 1.40 and kernel 2 1.27,
+// where fla chunk_kda took 1.75 ms in the same job of tools/bench_kernels.py. Reaching the 1.2×-fla target
+// needs tensor cores for the three [64 × 128 × 32] products of kernel 2 and for the anchored Aqk/Akk
+// (KERNELS.md §1, §4.2) without losing fp32 accuracy, a bf16 workspace, and segment parallelism across a
+// sequence at batch 1; this version is the exact fp32 form they are checked against.
 #include <algorithm>
 
 #include "ops/cuda/async_copy.cuh"
@@ -58,37 +58,59 @@ struct KdaPrefillParams : KdaCoreParams<XT> {
   float* decay;  // [T, H, D] exp(Γ_last), at the chunk's first row only
 };
 
+// Sub-blocks of the chunk's rows for the decays of Aqk and Akk: a pair inside one sub-block takes its
+// exact pairwise exp(Γ_i − Γ_j); a pair across sub-blocks factors it through the first row a of i's
+// sub-block, exp(Γ_i − Γ_a)·exp(Γ_a − Γ_j), both exponents ≤ 0 (no overflow whatever the gate; the
+// product differs from the pairwise exp by a few ulps), so that the factors are computed once per row
+// instead of once per pair. (fla's chunk_kda splits the same way, KERNELS.md §1.)
+constexpr int kSub = 16;
+constexpr int kSubs = kChunk / kSub;
+// Rows per register block of the forward substitutions.
+constexpr int kSubstRows = 8;
+
 // kda_chunk_kernel's shared memory: Γ [C][D+1] double, q̂ then U [C][D+1], k̂ then W [C][D+1],
-// Akk [C][C+1], β [C]. Rows are padded by one element so that walks down a column (lanes over rows) fall
-// in distinct banks.
+// Akkᵀ [C][C+4] (column j of Akk as a row, so that the substitutions read kSubstRows rows' coefficients
+// with float4 loads), β [C], and for the cross-sub-block decays k̂_j ⊙ exp(Γ_a − Γ_j) [C − kSub][D+1] and
+// q̂_i, k̂_i ⊙ exp(Γ_i − Γ_a) [kSub][D+4] each. Rows walked by lanes (lanes over rows) are padded by one
+// element so that they fall in distinct banks; rows read as float4 broadcasts by 4.
 template <int D>
 struct ChunkSmem {
   static constexpr int kPad = D + 1;
+  static constexpr int kVecPad = D + 4;
   static constexpr size_t kBytes =
-      sizeof(double) * kChunk * kPad + sizeof(float) * (2 * kChunk * kPad + kChunk * (kChunk + 1) + kChunk);
+      sizeof(double) * kChunk * kPad + sizeof(float) * (2 * kChunk * kPad + kChunk * (kChunk + 4) + kChunk +
+                                                        (kChunk - kSub) * kPad + 2 * kSub * kVecPad);
 };
 
 // Grid (chunks, H, S): a CTA per (sequence, head, chunk of 64 tokens), kThreads / 32 warps.
-//  - q̂, k̂: a warp per token row (lanes over key channels, warp-sum of squares). Γ: a thread per key
-//    channel summing down the rows in double.
-//  - Aqk, Akk: a warp per row i, lanes over j ≤ i, each lane a full dot product over the key channels with
-//    its own expf(Γ_i − Γ_j) per channel (pairwise, never factored).
+//  - q̂, k̂: a warp per token row (lanes over key channels, warp-sum of squares). Γ: g staged by all
+//    threads, then a thread per key channel summing down the rows in double.
+//  - Aqk, Akk inside a sub-block: a lane per pair (i, j ≤ i), each a full dot product over the key channels
+//    with its own expf(Γ_i − Γ_j) per channel.
+//  - Aqk, Akk across sub-blocks, one anchor (sub-block) at a time: the decayed rows k̂_j ⊙ exp(Γ_a − Γ_j)
+//    (j < a) and q̂_i, k̂_i ⊙ exp(Γ_i − Γ_a) (i in the sub-block) by all threads, then a warp per (row i,
+//    32 of the j), the row's operands as float4 broadcasts.
 //  - the per-element operands QG, KG, exp(Γ_last) and the right sides β v and β k̂ ⊙ exp(Γ): a thread per
 //    element.
 //  - the forward substitutions through the unit lower triangular (I + Akk): a thread per column of U or W
-//    (2D columns), rows in order, each row written to the workspace as soon as it is final.
+//    (2D columns), kSubstRows rows at a time in registers: their terms of the earlier blocks' rows share
+//    each load of x_j (kSubstRows independent FMA chains instead of one), then the terms inside the block
+//    from the registers. Every row's terms are subtracted in j order, as in the CPU op.
 template <int D, class XT, int kThreads>
 __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT> p) {
   constexpr int kWarps = kThreads / 32;
   using Smem = ChunkSmem<D>;
-  constexpr int kPad = Smem::kPad;
-  constexpr int kAkkPad = kChunk + 1;
+  constexpr int kPad = Smem::kPad, kVecPad = Smem::kVecPad;
+  constexpr int kAkkPad = kChunk + 4;
   extern __shared__ double chunk_smem[];
   double* gamma = chunk_smem;                                   // [C][kPad] Γ_i
   float* qs = reinterpret_cast<float*>(gamma + kChunk * kPad);  // [C][kPad] q̂, then U
   float* ks = qs + kChunk * kPad;                               // [C][kPad] k̂, then W
-  float* akk = ks + kChunk * kPad;                              // [C][kAkkPad] strictly lower
-  float* beta = akk + kChunk * kAkkPad;                         // [C]
+  float* akk_t = ks + kChunk * kPad;                            // [C][kAkkPad] Akkᵀ, i > j only
+  float* beta = akk_t + kChunk * kAkkPad;                       // [C]
+  float* kb = beta + kChunk;                // [C − kSub][kPad] k̂_j ⊙ exp(Γ_a − Γ_j)
+  float* qa = kb + (kChunk - kSub) * kPad;  // [kSub][kVecPad] q̂_i ⊙ exp(Γ_i − Γ_a)
+  float* ka = qa + kSub * kVecPad;          // [kSub][kVecPad] k̂_i ⊙ exp(Γ_i − Γ_a)
 
   const int chunk = blockIdx.x, h = blockIdx.y;
   const Span span = load_span(p.table, blockIdx.z);
@@ -100,6 +122,15 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // Index of (row i of the chunk, head h) in [T, H, ...].
   auto token_head = [&](int i) { return (row0 + i) * p.heads + h; };
+
+  // v for the right sides below, loaded now so that its latency hides behind Aqk and Akk.
+  constexpr int kPerThread = (kChunk * D + kThreads - 1) / kThreads;
+  float v_in[kPerThread];
+#pragma unroll
+  for (int n = 0; n < kPerThread; ++n) {
+    const int e = tid + n * kThreads;
+    v_in[n] = e < m * D ? to_float(p.v[token_head(e / D) * D + e % D]) : 0.0f;
+  }
 
   const float q_scale = 1.0f / sqrtf(static_cast<float>(D));
   for (int i = warp; i < m; i += kWarps) {
@@ -121,35 +152,91 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
     }
     if (lane == 0) beta[i] = p.beta[token_head(i)];
   }
+  for (int e = tid; e < m * D; e += kThreads)
+    gamma[(e / D) * kPad + e % D] = p.g[token_head(e / D) * D + e % D];
+  __syncthreads();
   for (int d = tid; d < D; d += kThreads) {
     double sum = 0.0;
     for (int i = 0; i < m; ++i) {
-      sum += p.g[token_head(i) * D + d];
+      sum += gamma[i * kPad + d];
       gamma[i * kPad + d] = sum;
     }
   }
   __syncthreads();
 
   // Aqk[i][j] = Σ_d q̂_i k̂_j exp(Γ_i − Γ_j) (j ≤ i), Akk[i][j] = β_i Σ_d k̂_i k̂_j exp(Γ_i − Γ_j) (j < i).
-  for (int i = warp; i < m; i += kWarps) {
-    for (int j = lane; j <= i; j += 32) {
-      float dot_q = 0.0f, dot_k = 0.0f;
+  // Inside a sub-block, pairwise: the kSubs triangles of kTriangle pairs (j ≤ i) laid end to end, a lane
+  // per pair, so that no lane idles above a diagonal. Lanes of pairs past the chunk's end compute and drop.
+  constexpr int kTriangle = kSub * (kSub + 1) / 2;
+  for (int pair = warp * 32 + lane; pair - lane < kSubs * kTriangle; pair += kThreads) {
+    const int block = min(pair / kTriangle, kSubs - 1), q = pair - block * kTriangle;
+    int il = static_cast<int>((sqrtf(8.0f * q + 1.0f) - 1.0f) * 0.5f);  // q = il (il + 1) / 2 + jl
+    il += (il + 1) * (il + 2) / 2 <= q;
+    il -= il * (il + 1) / 2 > q;
+    const int i = block * kSub + il, j = block * kSub + q - il * (il + 1) / 2;
+    float dot_q = 0.0f, dot_k = 0.0f;
 #pragma unroll 4
-      for (int d = 0; d < D; ++d) {
-        const float k_decayed =
-            ks[j * kPad + d] * expf(static_cast<float>(gamma[i * kPad + d] - gamma[j * kPad + d]));
-        dot_q += qs[i * kPad + d] * k_decayed;
-        dot_k += ks[i * kPad + d] * k_decayed;
-      }
-      p.aqk[token_head(i) * kChunk + j] = dot_q;
-      if (j < i) akk[i * kAkkPad + j] = beta[i] * dot_k;
+    for (int d = 0; d < D; ++d) {
+      const float k_decayed =
+          ks[j * kPad + d] * expf(static_cast<float>(gamma[i * kPad + d] - gamma[j * kPad + d]));
+      dot_q += qs[i * kPad + d] * k_decayed;
+      dot_k += ks[i * kPad + d] * k_decayed;
     }
+    if (pair < kSubs * kTriangle && i < m) {
+      p.aqk[token_head(i) * kChunk + j] = dot_q;
+      if (j < i) akk_t[j * kAkkPad + i] = beta[i] * dot_k;
+    }
+  }
+  // Across sub-blocks, anchored at each sub-block's first row a.
+  for (int a = kSub; a < m; a += kSub) {
+    for (int e = tid; e < (a + kSub) * D; e += kThreads) {
+      const int r = e / D, d = e % D;
+      if (r < a) {
+        kb[r * kPad + d] =
+            ks[r * kPad + d] * expf(static_cast<float>(gamma[a * kPad + d] - gamma[r * kPad + d]));
+      } else {  // rows past the chunk's end take garbage here, and are dropped below
+        const float f = expf(static_cast<float>(gamma[r * kPad + d] - gamma[a * kPad + d]));
+        qa[(r - a) * kVecPad + d] = qs[r * kPad + d] * f;
+        ka[(r - a) * kVecPad + d] = ks[r * kPad + d] * f;
+      }
+    }
+    __syncthreads();
+    const int groups = (a + 31) / 32;
+    for (int task = warp; task < kSub * groups; task += kWarps) {
+      const int i = a + task / groups, j = task % groups * 32 + lane;
+      const float* q_row = qa + (i - a) * kVecPad;
+      const float* k_row = ka + (i - a) * kVecPad;
+      const float* b_row = kb + min(j, a - 1) * kPad;
+      float dot_q = 0.0f, dot_k = 0.0f;
+#pragma unroll 2
+      for (int d = 0; d < D; d += 4) {
+        const float4 qv = *reinterpret_cast<const float4*>(q_row + d);
+        const float4 kv = *reinterpret_cast<const float4*>(k_row + d);
+        const float b[4] = {b_row[d], b_row[d + 1], b_row[d + 2], b_row[d + 3]};
+        dot_q += qv.x * b[0];
+        dot_k += kv.x * b[0];
+        dot_q += qv.y * b[1];
+        dot_k += kv.y * b[1];
+        dot_q += qv.z * b[2];
+        dot_k += kv.z * b[2];
+        dot_q += qv.w * b[3];
+        dot_k += kv.w * b[3];
+      }
+      if (i < m && j < a) {
+        p.aqk[token_head(i) * kChunk + j] = dot_q;
+        akk_t[j * kAkkPad + i] = beta[i] * dot_k;
+      }
+    }
+    __syncthreads();  // before the next anchor's rows overwrite kb, qa and ka
   }
   __syncthreads();
 
   // Operands decayed to the chunk's start or end, and the right sides of the two triangular systems
   // (β_i v_i into qs, β_i k̂_i ⊙ exp(Γ_i) into ks). Element (i, d) is read and rewritten by one thread.
-  for (int e = tid; e < m * D; e += kThreads) {
+#pragma unroll
+  for (int n = 0; n < kPerThread; ++n) {
+    const int e = tid + n * kThreads;
+    if (e >= m * D) break;
     const int i = e / D, d = e % D;
     const double gamma_i = gamma[i * kPad + d];
     const float from_start = expf(static_cast<float>(gamma_i));  // exp(Γ_i)
@@ -157,21 +244,45 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
     p.qg[at] = qs[i * kPad + d] * from_start;
     p.kg[at] = ks[i * kPad + d] * expf(static_cast<float>(gamma[(m - 1) * kPad + d] - gamma_i));
     if (i == m - 1) p.decay[token_head(0) * D + d] = from_start;
-    qs[i * kPad + d] = beta[i] * to_float(p.v[at]);
+    qs[i * kPad + d] = beta[i] * v_in[n];
     ks[i * kPad + d] = beta[i] * ks[i * kPad + d] * from_start;
   }
   __syncthreads();
 
   // U[i] = β_i v_i − Σ_{j<i} Akk[i][j] U[j] and W[i] = β_i k̂_i ⊙ exp(Γ_i) − Σ_{j<i} Akk[i][j] W[j], in place.
+  // Rows past the chunk's end compute garbage (their coefficients were never written) and are dropped;
+  // they only feed later rows of their own block, which are past the end too.
+  static_assert(kChunk % kSubstRows == 0 && kSubstRows == 8);
   for (int col = tid; col < 2 * D; col += kThreads) {
     float* x = col < D ? qs : ks;
     float* dst = col < D ? p.u : p.w;
     const int e = col % D;
-    for (int i = 0; i < m; ++i) {
-      float acc = x[i * kPad + e];
-      for (int j = 0; j < i; ++j) acc -= akk[i * kAkkPad + j] * x[j * kPad + e];
-      x[i * kPad + e] = acc;
-      dst[token_head(i) * D + e] = acc;
+    for (int i0 = 0; i0 < m; i0 += kSubstRows) {
+      float acc[kSubstRows];
+#pragma unroll
+      for (int r = 0; r < kSubstRows; ++r) acc[r] = x[(i0 + r) * kPad + e];
+      for (int j = 0; j < i0; ++j) {
+        const float xj = x[j * kPad + e];
+        const float4 c0 = *reinterpret_cast<const float4*>(akk_t + j * kAkkPad + i0);
+        const float4 c1 = *reinterpret_cast<const float4*>(akk_t + j * kAkkPad + i0 + 4);
+        acc[0] -= c0.x * xj;
+        acc[1] -= c0.y * xj;
+        acc[2] -= c0.z * xj;
+        acc[3] -= c0.w * xj;
+        acc[4] -= c1.x * xj;
+        acc[5] -= c1.y * xj;
+        acc[6] -= c1.z * xj;
+        acc[7] -= c1.w * xj;
+      }
+#pragma unroll
+      for (int r = 0; r < kSubstRows; ++r) {
+#pragma unroll
+        for (int jr = 0; jr < r; ++jr) acc[r] -= akk_t[(i0 + jr) * kAkkPad + i0 + r] * acc[jr];
+        if (i0 + r < m) {
+          x[(i0 + r) * kPad + e] = acc[r];
+          dst[token_head(i0 + r) * D + e] = acc[r];
+        }
+      }
     }
   }
 }
