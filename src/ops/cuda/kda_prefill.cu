@@ -3,7 +3,10 @@
 // pairwise exp(Γ_i − Γ_j) with i ≥ j; across sub-blocks they are factored through the later sub-block's
 // first row a, exp(Γ_i − Γ_a)·exp(Γ_a − Γ_j), both exponents ≤ 0, so nothing overflows whatever the gate.
 // Γ is summed in double, as in the CPU op, so that the difference of two large cumulative sums keeps its
-// precision: softplus gates take Γ to −1000s within a chunk. fp32 math throughout, on CUDA cores.
+// precision: softplus gates take Γ to −1000s within a chunk. fp32 math throughout: element-wise work and
+// the pairwise decays on CUDA cores, the matrix products on the tf32 tensor cores with every fp32 product
+// taken as three tf32 ones (mma_tf32x3, fp32-class accuracy; the op tests hold the state to 1e-5 of the
+// CPU op).
 //
 // Two kernels, split where the math splits (KERNELS.md §4.2, fla's chunk_kda):
 //  1. kda_chunk_kernel, grid (chunks, H, S), fully parallel: everything of a chunk that does not depend on
@@ -18,19 +21,19 @@
 // ≈ 2.3 KB written once and read back by each of the 4 column CTAs of kernel 2 (≈ 7.5 KB of reads, mostly
 // L2 hits); the output, 256 B. FLOPs: kernel 1 ≈ 21 K for the Aqk/Akk dot products plus ≈ 1.7 K expf
 // (pairwise inside sub-blocks, per row across them), and ≈ 16 K for the two forward substitutions;
-// kernel 2 ≈ 104 K (W·S, QG·S and the state update at 32 K each, Aqk·Vn 8 K). All on fp32 CUDA cores from
-// shared memory, so this is ALU/shared-memory bound, not memory bound: at 32 heads and 8K tokens ≈ 37
-// GFLOP (kernel 2 at batch 1: 128 CTAs, 1.7 MFLOP per CTA per chunk, 128 chunks in sequence). Measured on
-// an H200 (kernel_bench --kda-prefill, 8K tokens, batch 1): 2.70 ms, kernel 1 1.40 and kernel 2 1.27,
-// where fla chunk_kda took 1.75 ms in the same job of tools/bench_kernels.py. Reaching the 1.2×-fla target
-// needs tensor cores for the three [64 × 128 × 32] products of kernel 2 and for the anchored Aqk/Akk
-// (KERNELS.md §1, §4.2) without losing fp32 accuracy, a bf16 workspace, and segment parallelism across a
-// sequence at batch 1; this version is the exact fp32 form they are checked against.
+// kernel 2 ≈ 104 K (W·S, QG·S and the state update at 32 K each, Aqk·Vn 8 K): ≈ 37 GFLOP at 32 heads and
+// 8K tokens, compute and latency bound, not memory bound (kernel 2 at batch 1: 128 CTAs, 128 chunks in
+// sequence). Measured on an H200 (kernel_bench --kda-prefill, 8K tokens, batch 1): 2.14 ms, kernel 1 1.28
+// and kernel 2 0.81, where fla chunk_kda took 1.56 ms in the same job of tools/bench_kernels.py. Kernel 1's
+// time goes to the pairwise decays (an expf per pair and channel), the forward substitutions (a dependent
+// chain per column) and its input loads; a bf16 workspace and segment parallelism across a sequence at
+// batch 1 are the other levers (KERNELS.md §4.2).
 #include <algorithm>
 
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/kda_common.cuh"
+#include "ops/cuda/mma.cuh"
 
 namespace hlm::cuda {
 namespace {
@@ -70,26 +73,29 @@ constexpr int kSubstRows = 8;
 
 // kda_chunk_kernel's shared memory: Γ [C][D+1] double, q̂ then U [C][D+1], k̂ then W [C][D+1],
 // Akkᵀ [C][C+4] (column j of Akk as a row, so that the substitutions read kSubstRows rows' coefficients
-// with float4 loads), β [C], and for the cross-sub-block decays k̂_j ⊙ exp(Γ_a − Γ_j) [C − kSub][D+1] and
+// with float4 loads), β [C], and for the cross-sub-block decays k̂_j ⊙ exp(Γ_a − Γ_j) [C − kSub][D+4] and
 // q̂_i, k̂_i ⊙ exp(Γ_i − Γ_a) [kSub][D+4] each. Rows walked by lanes (lanes over rows) are padded by one
-// element so that they fall in distinct banks; rows read as float4 broadcasts by 4.
+// element so that they fall in distinct banks; rows read as float4 broadcasts or as tf32 mma fragments
+// (lanes g over 8 rows, t over 4 columns) by 4.
 template <int D>
 struct ChunkSmem {
   static constexpr int kPad = D + 1;
   static constexpr int kVecPad = D + 4;
   static constexpr size_t kBytes =
       sizeof(double) * kChunk * kPad + sizeof(float) * (2 * kChunk * kPad + kChunk * (kChunk + 4) + kChunk +
-                                                        (kChunk - kSub) * kPad + 2 * kSub * kVecPad);
+                                                        (kChunk - kSub) * kVecPad + 2 * kSub * kVecPad);
 };
 
 // Grid (chunks, H, S): a CTA per (sequence, head, chunk of 64 tokens), kThreads / 32 warps.
-//  - q̂, k̂: a warp per token row (lanes over key channels, warp-sum of squares). Γ: g staged by all
-//    threads, then a thread per key channel summing down the rows in double.
+//  - every global input (q, k, v, g, β) loaded into registers first, then q̂, k̂: a warp per token row
+//    (lanes over key channels, warp-sum of squares). Γ: g staged by all threads, then a thread per key
+//    channel and segment of 8 rows summing in double, the earlier segments' totals added after.
 //  - Aqk, Akk inside a sub-block: a lane per pair (i, j ≤ i), each a full dot product over the key channels
 //    with its own expf(Γ_i − Γ_j) per channel.
 //  - Aqk, Akk across sub-blocks, one anchor (sub-block) at a time: the decayed rows k̂_j ⊙ exp(Γ_a − Γ_j)
-//    (j < a) and q̂_i, k̂_i ⊙ exp(Γ_i − Γ_a) (i in the sub-block) by all threads, then a warp per (row i,
-//    32 of the j), the row's operands as float4 broadcasts.
+//    (j < a) and q̂_i, k̂_i ⊙ exp(Γ_i − Γ_a) (i in the sub-block) by all threads, then their products on
+//    the tensor cores, a warp per (Aqk or Akk, 8 columns j), three tf32 products per fp32 one
+//    (mma_tf32x3: fp32-class accuracy).
 //  - the per-element operands QG, KG, exp(Γ_last) and the right sides β v and β k̂ ⊙ exp(Γ): a thread per
 //    element.
 //  - the forward substitutions through the unit lower triangular (I + Akk): a thread per column of U or W
@@ -108,9 +114,9 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
   float* ks = qs + kChunk * kPad;                               // [C][kPad] k̂, then W
   float* akk_t = ks + kChunk * kPad;                            // [C][kAkkPad] Akkᵀ, i > j only
   float* beta = akk_t + kChunk * kAkkPad;                       // [C]
-  float* kb = beta + kChunk;                // [C − kSub][kPad] k̂_j ⊙ exp(Γ_a − Γ_j)
-  float* qa = kb + (kChunk - kSub) * kPad;  // [kSub][kVecPad] q̂_i ⊙ exp(Γ_i − Γ_a)
-  float* ka = qa + kSub * kVecPad;          // [kSub][kVecPad] k̂_i ⊙ exp(Γ_i − Γ_a)
+  float* kb = beta + kChunk;                   // [C − kSub][kVecPad] k̂_j ⊙ exp(Γ_a − Γ_j)
+  float* qa = kb + (kChunk - kSub) * kVecPad;  // [kSub][kVecPad] q̂_i ⊙ exp(Γ_i − Γ_a)
+  float* ka = qa + kSub * kVecPad;             // [kSub][kVecPad] k̂_i ⊙ exp(Γ_i − Γ_a)
 
   const int chunk = blockIdx.x, h = blockIdx.y;
   const Span span = load_span(p.table, blockIdx.z);
@@ -119,48 +125,88 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
   if (span.slot < 0 || count <= c0) return;  // padding, or a sequence shorter than this chunk
   const int m = min(kChunk, count - c0);     // rows in this chunk
   const int64_t row0 = static_cast<int64_t>(span.begin) + c0;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane / 4, t = lane % 4;
   // Index of (row i of the chunk, head h) in [T, H, ...].
   auto token_head = [&](int i) { return (row0 + i) * p.heads + h; };
 
-  // v for the right sides below, loaded now so that its latency hides behind Aqk and Akk.
+  // Every global input of the chunk is loaded up front, before any of it is used, so that the CTA waits
+  // for one round trip to memory rather than one per row (one CTA per SM: nothing else hides it).
+  // v, for the right sides of the substitutions, stays in registers until then.
   constexpr int kPerThread = (kChunk * D + kThreads - 1) / kThreads;
-  float v_in[kPerThread];
+  constexpr int kRowsPerWarp = (kChunk + kWarps - 1) / kWarps, kPerLane = (D + 31) / 32;
+  float v_in[kPerThread], g_in[kPerThread];
 #pragma unroll
   for (int n = 0; n < kPerThread; ++n) {
     const int e = tid + n * kThreads;
-    v_in[n] = e < m * D ? to_float(p.v[token_head(e / D) * D + e % D]) : 0.0f;
+    const bool valid = e < m * D;
+    v_in[n] = valid ? to_float(p.v[token_head(e / D) * D + e % D]) : 0.0f;
+    g_in[n] = valid ? p.g[token_head(e / D) * D + e % D] : 0.0f;
   }
+  float q_in[kRowsPerWarp][kPerLane], k_in[kRowsPerWarp][kPerLane];  // rows warp + r·kWarps, d = lane + 32n
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int i = warp + r * kWarps;
+#pragma unroll
+    for (int n = 0; n < kPerLane; ++n) {
+      const int d = lane + 32 * n;
+      const bool valid = i < m && d < D;
+      q_in[r][n] = valid ? to_float(p.q[token_head(i) * D + d]) : 0.0f;
+      k_in[r][n] = valid ? to_float(p.k[token_head(i) * D + d]) : 0.0f;
+    }
+  }
+  if (tid < m) beta[tid] = p.beta[token_head(tid)];
 
   const float q_scale = 1.0f / sqrtf(static_cast<float>(D));
-  for (int i = warp; i < m; i += kWarps) {
-    const XT* q = p.q + token_head(i) * D;
-    const XT* k = p.k + token_head(i) * D;
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int i = warp + r * kWarps;
+    if (i >= m) break;  // warp-uniform
     float q_sq = 0.0f, k_sq = 0.0f;
-    for (int d = lane; d < D; d += 32) {
-      const float qd = to_float(q[d]), kd = to_float(k[d]);
-      qs[i * kPad + d] = qd;
-      ks[i * kPad + d] = kd;
-      q_sq += qd * qd;
-      k_sq += kd * kd;
+#pragma unroll
+    for (int n = 0; n < kPerLane; ++n) {
+      q_sq += q_in[r][n] * q_in[r][n];
+      k_sq += k_in[r][n] * k_in[r][n];
     }
     const float q_factor = l2_factor(warp_sum(q_sq), q_scale);
     const float k_factor = l2_factor(warp_sum(k_sq), 1.0f);
-    for (int d = lane; d < D; d += 32) {  // the elements this lane wrote
-      qs[i * kPad + d] *= q_factor;
-      ks[i * kPad + d] *= k_factor;
+#pragma unroll
+    for (int n = 0; n < kPerLane; ++n) {
+      const int d = lane + 32 * n;
+      if (d < D) {
+        qs[i * kPad + d] = q_in[r][n] * q_factor;
+        ks[i * kPad + d] = k_in[r][n] * k_factor;
+      }
     }
-    if (lane == 0) beta[i] = p.beta[token_head(i)];
   }
-  for (int e = tid; e < m * D; e += kThreads)
-    gamma[(e / D) * kPad + e % D] = p.g[token_head(e / D) * D + e % D];
+  // Γ_i = Σ_{r ≤ i} g_r in double, a thread per (channel, segment of kGammaRows rows): the segment's own
+  // running sums, then the totals of the segments before it added (an exact-enough reordering: each sum
+  // of at most 64 floats is exact to ~2^-47 in double).
+#pragma unroll
+  for (int n = 0; n < kPerThread; ++n) {
+    const int e = tid + n * kThreads;
+    if (e < m * D) gamma[(e / D) * kPad + e % D] = g_in[n];
+  }
   __syncthreads();
-  for (int d = tid; d < D; d += kThreads) {
+  constexpr int kGammaSegs = kThreads / D < 8 ? kThreads / D : 8, kGammaRows = kChunk / kGammaSegs;
+  static_assert(kGammaSegs >= 1 && kChunk % kGammaSegs == 0);
+  const int gamma_d = tid % D, gamma_seg = tid / D;
+  const int gamma_row0 = gamma_seg * kGammaRows, gamma_row1 = min(gamma_row0 + kGammaRows, m);
+  const bool gamma_thread = gamma_seg < kGammaSegs && gamma_row0 < m;  // every earlier segment is full
+  if (gamma_thread) {
     double sum = 0.0;
-    for (int i = 0; i < m; ++i) {
-      sum += gamma[i * kPad + d];
-      gamma[i * kPad + d] = sum;
+    for (int i = gamma_row0; i < gamma_row1; ++i) {
+      sum += gamma[i * kPad + gamma_d];
+      gamma[i * kPad + gamma_d] = sum;
     }
+  }
+  __syncthreads();
+  double offset = 0.0;
+  if (gamma_thread) {
+    for (int seg = 0; seg < gamma_seg; ++seg) offset += gamma[((seg + 1) * kGammaRows - 1) * kPad + gamma_d];
+  }
+  __syncthreads();  // every total read before any segment changes
+  if (gamma_thread) {
+    for (int i = gamma_row0; i < gamma_row1; ++i) gamma[i * kPad + gamma_d] += offset;
   }
   __syncthreads();
 
@@ -192,7 +238,7 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
     for (int e = tid; e < (a + kSub) * D; e += kThreads) {
       const int r = e / D, d = e % D;
       if (r < a) {
-        kb[r * kPad + d] =
+        kb[r * kVecPad + d] =
             ks[r * kPad + d] * expf(static_cast<float>(gamma[a * kPad + d] - gamma[r * kPad + d]));
       } else {  // rows past the chunk's end take garbage here, and are dropped below
         const float f = expf(static_cast<float>(gamma[r * kPad + d] - gamma[a * kPad + d]));
@@ -201,30 +247,30 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
       }
     }
     __syncthreads();
-    const int groups = (a + 31) / 32;
-    for (int task = warp; task < kSub * groups; task += kWarps) {
-      const int i = a + task / groups, j = task % groups * 32 + lane;
-      const float* q_row = qa + (i - a) * kVecPad;
-      const float* k_row = ka + (i - a) * kVecPad;
-      const float* b_row = kb + min(j, a - 1) * kPad;
-      float dot_q = 0.0f, dot_k = 0.0f;
-#pragma unroll 2
-      for (int d = 0; d < D; d += 4) {
-        const float4 qv = *reinterpret_cast<const float4*>(q_row + d);
-        const float4 kv = *reinterpret_cast<const float4*>(k_row + d);
-        const float b[4] = {b_row[d], b_row[d + 1], b_row[d + 2], b_row[d + 3]};
-        dot_q += qv.x * b[0];
-        dot_k += kv.x * b[0];
-        dot_q += qv.y * b[1];
-        dot_k += kv.y * b[1];
-        dot_q += qv.z * b[2];
-        dot_k += kv.z * b[2];
-        dot_q += qv.w * b[3];
-        dot_k += kv.w * b[3];
+    // [kSub, D]·[D, a] products on the tensor cores (mma_tf32x3, fp32-class), a warp per (Aqk or Akk, 8
+    // columns j).
+    const int col_tiles = a / 8;
+    for (int task = warp; task < 2 * col_tiles; task += kWarps) {
+      const bool is_q = task < col_tiles;
+      const int j0 = 8 * (task % col_tiles);
+      const float* a_rows = is_q ? qa : ka;
+      float c[4] = {}, corr[4] = {};  // rows a + g (+ 8), columns j0 + 2t (+ 1)
+#pragma unroll 4
+      for (int k0 = 0; k0 < D; k0 += 8) {
+        float af[4], bf[2];
+        load_tf32_a(af, a_rows + k0, kVecPad, 1, g, t);
+        load_tf32_b(bf, kb + j0 * kVecPad + k0, 1, kVecPad, g, t);  // element (d, j) is kb[j][d]
+        mma_tf32x3(c, corr, split_tf32(af), split_tf32(bf));
       }
-      if (i < m && j < a) {
-        p.aqk[token_head(i) * kChunk + j] = dot_q;
-        akk_t[j * kAkkPad + i] = beta[i] * dot_k;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = a + g + 8 * (e / 2), j = j0 + 2 * t + e % 2;
+        if (i >= m) continue;
+        if (is_q) {
+          p.aqk[token_head(i) * kChunk + j] = c[e] + corr[e];
+        } else {
+          akk_t[j * kAkkPad + i] = beta[i] * (c[e] + corr[e]);
+        }
       }
     }
     __syncthreads();  // before the next anchor's rows overwrite kb, qa and ka
@@ -287,183 +333,272 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
   }
 }
 
-// How kda_chain_kernel<D> splits a head: kCols value columns per CTA, kChainThreads threads. The chunk's
-// products are register tiles, so that each shared-memory load feeds several FMAs (a thread per column
-// and row group, as before, loaded 9 floats per 8 FMAs and was bound by shared-memory issue):
-//  - Vn = U − W·S, O = QG·S and O += Aqk·Vn: 2 rows x 2 columns of [C, kCols] per thread, rows 2rp and
-//    2rp + 1 (W and QG rows as float4 broadcasts, padded to kRowPad so that the two rows a warp reads sit
-//    in different banks), columns 2cp and 2cp + 1 (S and Vn as float2).
-//  - the state update: 4 rows x 2 columns of the slice [D, kCols] per thread (KG as float4).
-// Every sum keeps the order of the CPU op and of the earlier kernel: over d ascending, then over j.
+// How kda_chain_kernel<D> splits a head: kCols value columns per CTA, kChainThreads threads (16 warps). The
+// chunk's products run on the tensor cores, m16n8k8 tf32 mma with each operand split into two tf32 values
+// and multiplied three times (mma_tf32x3), which keeps fp32-class accuracy (the op is checked against the
+// fp32 CPU op at 1e-5); on CUDA cores with register tiles the chain was bound by shared-memory wavefronts
+// (ncu: 85% of cycles), as each FMA came with a quarter of a load. The split costs integer instructions per
+// element and use, so the operands used by many warps are stored split: the state slice (read by every
+// warp of the first products) and Vn (by every warp of the last two), each as fp32 bits of its tf32 big
+// and small parts beside the fp32 state the update starts from. Per warp, 16 x 16 tiles (two m16n8 tiles
+// sharing the A fragment):
+//  - Vn = U − W·S (warps 0 .. kOutTasks − 1) or O = QG·S (the next kOutTasks), row tile w % kRowTiles,
+//    column pair (w / kRowTiles) % kColPairs; the O warps then add Aqk·Vn on the same tile;
+//  - the state update on the tiles of [D, kCols], warp, warp + 16, ...
+// Rows are padded so that every fragment load of a warp hits 32 distinct banks: 4 (mod 32) for the rows
+// that lanes t walk along k (W, QG, Aqk), 8 for the rows that lanes t walk across (S, U, Vn, and KG, read
+// transposed).
 template <int D>
 struct ChainTile {
   static constexpr int kCols = D < 32 ? D : 32;
   static constexpr int kSplits = D / kCols;
-  static constexpr int kRowPad = D + 4;
-  static constexpr int kColPairs = kCols / 2;
-  static constexpr int kOutTiles = kChunk / 2 * kColPairs;  // 2 x 2 tiles of [C, kCols]
-  static constexpr int kStateTiles = D / 4 * kColPairs;     // 4 x 2 tiles of [D, kCols]
-  static_assert(D % kCols == 0 && D % 4 == 0 && kOutTiles <= kChainThreads && kStateTiles <= kChainThreads);
-  // Shared memory (floats): the state slice [D][kCols], W and QG [C][kRowPad], KG [C][D], U and Vn
-  // [C][kCols], Aqk [C][C], exp(Γ_last) [D].
-  static constexpr int kFloats =
-      D * kCols + 2 * kChunk * kRowPad + kChunk * D + 2 * kChunk * kCols + kChunk * kChunk + D;
-  static constexpr size_t kSmemBytes = sizeof(float) * kFloats;
+  static constexpr int kRowTiles = kChunk / 16, kColPairs = kCols / 16;
+  static constexpr int kOutTasks = kRowTiles * kColPairs;  // 16 x 16 tiles of [C, kCols], per product
+  static constexpr int kStateTasks = D / 16 * kColPairs;   // 16 x 16 tiles of [D, kCols]
+  static constexpr int kRowPad = D + 4;                    // W, QG
+  static constexpr int kKgPad = D + 8;                     // KG
+  static constexpr int kColPad = kCols + 8;                // S, U, Vn
+  static constexpr int kAqkPad = kChunk + 4;
+  static_assert(D % 16 == 0 && D % kCols == 0 && 2 * kOutTasks <= kChainThreads / 32);
+  // Shared memory (4-byte words): the state slice as fp32, tf32 big and tf32 small [D][kColPad] each, W and
+  // QG [C][kRowPad], KG [C][kKgPad], U [C][kColPad], Vn as tf32 big and small [C][kColPad] each, Aqk
+  // [C][kAqkPad], exp(Γ_last) [D].
+  static constexpr int kWords =
+      3 * D * kColPad + 2 * kChunk * kRowPad + kChunk * kKgPad + 3 * kChunk * kColPad + kChunk * kAqkPad + D;
+  static constexpr size_t kSmemBytes = sizeof(float) * kWords;
 };
+
+// The B fragments of the two m16n8 tiles at columns n0 and n0 + 8 of a split [k][kColPad] operand, rows
+// k0 .. k0 + 7.
+template <int kColPad>
+__device__ __forceinline__ void load_split_b(Tf32Frag<2> (&b)[2], const uint32_t* big, const uint32_t* small,
+                                             int k0, int n0, int g, int t) {
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    const int at = (k0 + t) * kColPad + n0 + 8 * nt + g;
+    b[nt].big[0] = big[at];
+    b[nt].big[1] = big[at + 4 * kColPad];
+    b[nt].small[0] = small[at];
+    b[nt].small[1] = small[at + 4 * kColPad];
+  }
+}
+
+// acc + corr += A·B over one k-step of 8 for a warp's 16 x 16 tile: A's fragment given in fp32, B's two
+// fragments read split from rows k0 .. k0 + 7, columns n0 .. n0 + 15 of [k][kColPad].
+template <int kColPad>
+__device__ __forceinline__ void mma_tile_step(float (&acc)[2][4], float (&corr)[2][4], const float (&a)[4],
+                                              const uint32_t* big, const uint32_t* small, int k0, int n0,
+                                              int g, int t) {
+  const Tf32Frag<4> af = split_tf32(a);
+  Tf32Frag<2> b[2];
+  load_split_b<kColPad>(b, big, small, k0, n0, g, t);
+  mma_tf32x3(acc[0], corr[0], af, b[0]);
+  mma_tf32x3(acc[1], corr[1], af, b[1]);
+}
+
+// Calls f(nt, half, row, col) for each pair of accumulator elements a lane holds of a warp's two m16n8
+// tiles at rows r0 .. r0 + 15 and columns n0 .. n0 + 15: elements [nt][2 half] and [nt][2 half + 1] sit
+// at (row, col) and (row, col + 1).
+template <class F>
+__device__ __forceinline__ void for_tile_pairs(int r0, int n0, int g, int t, F&& f) {
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) f(nt, half, r0 + g + 8 * half, n0 + 8 * nt + 2 * t);
+  }
+}
+
+// Writes an accumulator pair (two m16n8 tiles at rows r0 + g, r0 + g + 8 and columns n0 + 2t, n0 + 8 + 2t)
+// split into big and small parts at [row][kColPad].
+template <int kColPad>
+__device__ __forceinline__ void store_split(uint32_t* big, uint32_t* small, const float (&c)[2][4], int r0,
+                                            int n0, int g, int t) {
+  for_tile_pairs(r0, n0, g, t, [&](int nt, int half, int row, int col) {
+    const float x0 = c[nt][2 * half], x1 = c[nt][2 * half + 1];
+    const uint32_t b0 = round_tf32(x0), b1 = round_tf32(x1);
+    *reinterpret_cast<uint2*>(big + row * kColPad + col) = make_uint2(b0, b1);
+    *reinterpret_cast<uint2*>(small + row * kColPad + col) =
+        make_uint2(round_tf32(x0 - __uint_as_float(b0)), round_tf32(x1 - __uint_as_float(b1)));
+  });
+}
+
+// Rows [0, kChunk) of a workspace tensor, kWidth floats each, into shared rows of kLd floats: row i from
+// src + i·row_stride; rows from m on are zero-filled (no read). Every index but the row stride is known at
+// compile time, so a copy costs a few instructions.
+template <int kWidth, int kLd>
+__device__ __forceinline__ void stage_chunk_rows(float* dst, const float* src, int64_t row_stride, int m,
+                                                 int tid) {
+  constexpr int kQuads = kWidth / 4, kCopies = kChunk * kQuads;
+#pragma unroll
+  for (int n = 0; n < (kCopies + kChainThreads - 1) / kChainThreads; ++n) {
+    const int x = tid + n * kChainThreads;
+    if (kCopies % kChainThreads != 0 && x >= kCopies) break;
+    const int i = x / kQuads, q = x % kQuads;
+    cp_async16(dst + i * kLd + 4 * q, i < m ? src + i * row_stride + 4 * q : src, i < m);
+  }
+}
+
+// acc += corr over a warp's pair of m16n8 accumulator tiles (mma_tf32x3's two halves).
+__device__ __forceinline__ void add_tiles(float (&acc)[2][4], const float (&corr)[2][4]) {
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] += corr[nt][e];
+  }
+}
 
 // Grid (kSplits, H, S): a CTA per (sequence, head, kCols value columns), walking the sequence's chunks in
 // order with its [D, kCols] slice of the state in shared memory. The chunk's workspace rows come in with
 // cp.async in two groups, each issued as soon as its buffers are free, so that the loads of chunk c + 1
 // overlap the math of chunk c: group A (W, QG, U), read by the first products, goes out once they are
 // done; group B (KG, Aqk, exp(Γ_last)), read by the in-chunk part and the state update, once those are.
-// Rows past the chunk's end are zero-filled. Per chunk:
+// Rows past the chunk's end are zero-filled, so they add nothing to any product. Per chunk:
 //  1. Vn = U − W·S and O = QG·S against the state at the chunk's start (Vn to shared memory, O kept).
-//  2. O[i] += Σ_{j≤i} Aqk[i][j] Vn[j], written out.
-//  3. S = diag(exp(Γ_last)) S + Σ_j KG_jᵀ Vn_j; a thread updates only its own state elements.
+//  2. O[i] += Σ_{j≤i} Aqk[i][j] Vn[j], written out (Aqk's entries above the diagonal are never written
+//     by kda_chunk_kernel and are replaced by zeros as they are loaded).
+//  3. S = diag(exp(Γ_last)) S + KGᵀ·Vn; a warp updates only its own tiles of the state.
 template <int D, class XT>
 __global__ void __launch_bounds__(kChainThreads) kda_chain_kernel(KdaPrefillParams<XT> p) {
   using Tile = ChainTile<D>;
-  constexpr int kCols = Tile::kCols, kRowPad = Tile::kRowPad, kColPairs = Tile::kColPairs;
+  constexpr int kCols = Tile::kCols, kRowPad = Tile::kRowPad, kKgPad = Tile::kKgPad, kColPad = Tile::kColPad,
+                kAqkPad = Tile::kAqkPad, kWarps = kChainThreads / 32;
   extern __shared__ __align__(16) float chain_smem[];
-  float* st = chain_smem;                      // [D][kCols] the state slice
-  float* w_sh = st + D * kCols;                // [C][kRowPad]
-  float* qg_sh = w_sh + kChunk * kRowPad;      // [C][kRowPad]
-  float* kg_sh = qg_sh + kChunk * kRowPad;     // [C][D]
-  float* u_sh = kg_sh + kChunk * D;            // [C][kCols]
-  float* vn_sh = u_sh + kChunk * kCols;        // [C][kCols]
-  float* aqk_sh = vn_sh + kChunk * kCols;      // [C][C], entries j ≤ i
-  float* decay_sh = aqk_sh + kChunk * kChunk;  // [D]
+  float* st = chain_smem;                                                   // [D][kColPad] the state slice
+  uint32_t* st_big = reinterpret_cast<uint32_t*>(st + D * kColPad);         // [D][kColPad] its tf32 parts
+  uint32_t* st_small = st_big + D * kColPad;                                // [D][kColPad]
+  float* w_sh = reinterpret_cast<float*>(st_small + D * kColPad);           // [C][kRowPad]
+  float* qg_sh = w_sh + kChunk * kRowPad;                                   // [C][kRowPad]
+  float* kg_sh = qg_sh + kChunk * kRowPad;                                  // [C][kKgPad]
+  float* u_sh = kg_sh + kChunk * kKgPad;                                    // [C][kColPad]
+  uint32_t* vn_big = reinterpret_cast<uint32_t*>(u_sh + kChunk * kColPad);  // [C][kColPad] Vn's tf32 parts
+  uint32_t* vn_small = vn_big + kChunk * kColPad;                           // [C][kColPad]
+  float* aqk_sh = reinterpret_cast<float*>(vn_small + kChunk * kColPad);    // [C][kAqkPad], entries j ≤ i
+  float* decay_sh = aqk_sh + kChunk * kAqkPad;                              // [D]
 
   const int h = blockIdx.y;
   const Span span = load_span(p.table, blockIdx.z);
   const int count = min(span.count, p.max_tokens);
   if (span.slot < 0 || count <= 0) return;
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x, warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
   const int col0 = blockIdx.x * kCols;
   float* state = p.state + (static_cast<int64_t>(span.slot) * p.heads + h) * D * D;  // [D, D]
-  for (int x = tid; x < D * kCols; x += kChainThreads) st[x] = state[(x / kCols) * D + col0 + x % kCols];
+  for (int x = tid; x < D * kCols; x += kChainThreads) {
+    const int at = (x / kCols) * kColPad + x % kCols;
+    const float s = state[(x / kCols) * D + col0 + x % kCols];
+    st[at] = s;
+    st_big[at] = round_tf32(s);
+    st_small[at] = round_tf32(s - __uint_as_float(st_big[at]));
+  }
 
   // Index of (row i of the chunk starting at token c0, head h) in [T, H, ...].
   auto token_head = [&](int c0, int i) { return (static_cast<int64_t>(span.begin) + c0 + i) * p.heads + h; };
-  // Rows [0, C) of a [T, H, width] workspace tensor from column `col` into shared rows of `ld` floats.
-  auto stage_rows = [&](float* dst, int ld, const float* src, int width, int src_ld, int col, int c0) {
-    const int m = min(kChunk, count - c0), quads = width / 4;
-    for (int x = tid; x < kChunk * quads; x += kChainThreads) {
-      const int i = x / quads, q = x % quads;
-      const bool valid = i < m;
-      cp_async16(dst + i * ld + 4 * q, valid ? src + token_head(c0, i) * src_ld + col + 4 * q : src, valid);
-    }
-  };
+  const int64_t row_stride = static_cast<int64_t>(p.heads) * D;  // floats between tokens of [T, H, D]
   auto stage_a = [&](int c0) {
     if (c0 < count) {
-      stage_rows(w_sh, kRowPad, p.w, D, D, 0, c0);
-      stage_rows(qg_sh, kRowPad, p.qg, D, D, 0, c0);
-      stage_rows(u_sh, kCols, p.u, kCols, D, col0, c0);
+      const int m = min(kChunk, count - c0);
+      const int64_t at = token_head(c0, 0) * D;
+      stage_chunk_rows<D, kRowPad>(w_sh, p.w + at, row_stride, m, tid);
+      stage_chunk_rows<D, kRowPad>(qg_sh, p.qg + at, row_stride, m, tid);
+      stage_chunk_rows<kCols, kColPad>(u_sh, p.u + at + col0, row_stride, m, tid);
     }
     cp_async_commit();
   };
   auto stage_b = [&](int c0) {
     if (c0 < count) {
-      stage_rows(kg_sh, D, p.kg, D, D, 0, c0);
-      stage_rows(aqk_sh, kChunk, p.aqk, kChunk, kChunk, 0, c0);
-      for (int x = tid; x < D / 4; x += kChainThreads)
-        cp_async16(decay_sh + 4 * x, p.decay + token_head(c0, 0) * D + 4 * x, true);
+      const int m = min(kChunk, count - c0);
+      stage_chunk_rows<D, kKgPad>(kg_sh, p.kg + token_head(c0, 0) * D, row_stride, m, tid);
+      stage_chunk_rows<kChunk, kAqkPad>(aqk_sh, p.aqk + token_head(c0, 0) * kChunk,
+                                        static_cast<int64_t>(p.heads) * kChunk, m, tid);
+      if (tid < D / 4) cp_async16(decay_sh + 4 * tid, p.decay + token_head(c0, 0) * D + 4 * tid, true);
     }
     cp_async_commit();
   };
   stage_a(0);
   stage_b(0);
 
-  const int cp = tid % kColPairs, col = 2 * cp;
-  const bool has_out = tid < Tile::kOutTiles, has_state = tid < Tile::kStateTiles;
-  const int i0 = 2 * (tid / kColPairs);  // rows i0, i0 + 1 of the output tile
-  const int d0 = 4 * (tid / kColPairs);  // rows d0 .. d0 + 3 of the state tile
+  // The warp's tile of the first products: rows r0 .. r0 + 15, columns n0 .. n0 + 15 of W·S (is_w) or QG·S.
+  const bool has_out = warp < 2 * Tile::kOutTasks, is_w = warp < Tile::kOutTasks;
+  const int r0 = 16 * (warp % Tile::kRowTiles), n0 = 16 * (warp / Tile::kRowTiles % Tile::kColPairs);
   for (int c0 = 0; c0 < count; c0 += kChunk) {
     const int m = min(kChunk, count - c0);
     cp_async_wait<1>();  // group A of this chunk (group B may still be in flight)
     __syncthreads();     // ... for every thread's copies, and the state updated by the previous chunk
 
-    float2 o[2] = {make_float2(0.0f, 0.0f), make_float2(0.0f, 0.0f)};
+    float acc[2][4] = {};  // W·S or O: tile nt at rows r0 + g (+ 8), columns n0 + 8 nt + 2t (+ 1)
     if (has_out) {
-      float2 vn[2];
-      const float* w_row = w_sh + i0 * kRowPad;
-      const float* qg_row = qg_sh + i0 * kRowPad;
+      float corr[2][4] = {};
+      const float* a_rows = (is_w ? w_sh : qg_sh) + r0 * kRowPad;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) vn[r] = *reinterpret_cast<const float2*>(u_sh + (i0 + r) * kCols + col);
-#pragma unroll 2
-      for (int d = 0; d < D; d += 4) {
-        float2 s[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) s[k] = *reinterpret_cast<const float2*>(st + (d + k) * kCols + col);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float4 wq = *reinterpret_cast<const float4*>(w_row + r * kRowPad + d);
-          const float4 qq = *reinterpret_cast<const float4*>(qg_row + r * kRowPad + d);
-          const float wv[4] = {wq.x, wq.y, wq.z, wq.w}, qv[4] = {qq.x, qq.y, qq.z, qq.w};
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            o[r].x += qv[k] * s[k].x;
-            o[r].y += qv[k] * s[k].y;
-            vn[r].x -= wv[k] * s[k].x;
-            vn[r].y -= wv[k] * s[k].y;
-          }
-        }
+      for (int k0 = 0; k0 < D; k0 += 8) {
+        float a[4];
+        load_tf32_a(a, a_rows + k0, kRowPad, 1, g, t);
+        mma_tile_step<kColPad>(acc, corr, a, st_big, st_small, k0, n0, g, t);
       }
+      add_tiles(acc, corr);
+      if (is_w) {  // Vn = U − W·S
 #pragma unroll
-      for (int r = 0; r < 2; ++r) *reinterpret_cast<float2*>(vn_sh + (i0 + r) * kCols + col) = vn[r];
+        for_tile_pairs(r0, n0, g, t, [&](int nt, int half, int row, int col) {
+          const float2 u = *reinterpret_cast<const float2*>(u_sh + row * kColPad + col);
+          acc[nt][2 * half] = u.x - acc[nt][2 * half];
+          acc[nt][2 * half + 1] = u.y - acc[nt][2 * half + 1];
+        });
+        store_split<kColPad>(vn_big, vn_small, acc, r0, n0, g, t);
+      }
     }
     __syncthreads();  // all of Vn; W, QG and U are free
     stage_a(c0 + kChunk);
     cp_async_wait<1>();  // group B of this chunk
     __syncthreads();
 
-    if (has_out && i0 < m) {
-      const float* a0 = aqk_sh + i0 * kChunk;
-      const float* a1 = a0 + kChunk;
-      for (int j = 0; j <= i0; ++j) {
-        const float2 v = *reinterpret_cast<const float2*>(vn_sh + j * kCols + col);
-        o[0].x += a0[j] * v.x;
-        o[0].y += a0[j] * v.y;
-        o[1].x += a1[j] * v.x;
-        o[1].y += a1[j] * v.y;
-      }
-      const float2 v = *reinterpret_cast<const float2*>(vn_sh + (i0 + 1) * kCols + col);
-      o[1].x += a1[i0 + 1] * v.x;
-      o[1].y += a1[i0 + 1] * v.y;
+    if (has_out && !is_w && r0 < m) {
+      float corr[2][4] = {};
+      for (int k0 = 0; k0 < r0 + 16; k0 += 8) {
+        float a[4];
+        load_tf32_a(a, aqk_sh + r0 * kAqkPad + k0, kAqkPad, 1, g, t);
+        if (k0 >= r0) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        if (i0 + r < m) {
-          *reinterpret_cast<__nv_bfloat162*>(p.out + token_head(c0, i0 + r) * D + col0 + col) =
-              __floats2bfloat162_rn(o[r].x, o[r].y);
+          for (int e = 0; e < 4; ++e) {  // rows r0 + g (+ 8 for e odd), columns k0 + t (+ 4 for e ≥ 2)
+            if (k0 + t + 4 * (e / 2) > r0 + g + 8 * (e % 2)) a[e] = 0.0f;
+          }
         }
+        mma_tile_step<kColPad>(acc, corr, a, vn_big, vn_small, k0, n0, g, t);
       }
+      add_tiles(acc, corr);
+      for_tile_pairs(r0, n0, g, t, [&](int nt, int half, int i, int col) {
+        if (i < m) {
+          *reinterpret_cast<__nv_bfloat162*>(p.out + token_head(c0, i) * D + col0 + col) =
+              __floats2bfloat162_rn(acc[nt][2 * half], acc[nt][2 * half + 1]);
+        }
+      });
     }
-    if (has_state) {
-      float2 sn[4];
+    for (int task = warp; task < Tile::kStateTasks; task += kWarps) {
+      const int d0 = 16 * (task / Tile::kColPairs), s0 = 16 * (task % Tile::kColPairs);
+      float c[2][4], corr[2][4] = {};  // state tile nt at rows d0 + g (+ 8), columns s0 + 8 nt + 2t (+ 1)
+      for_tile_pairs(d0, s0, g, t, [&](int nt, int half, int d, int col) {
+        const float2 s = *reinterpret_cast<const float2*>(st + d * kColPad + col);
+        c[nt][2 * half] = s.x * decay_sh[d];
+        c[nt][2 * half + 1] = s.y * decay_sh[d];
+      });
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const float2 s = *reinterpret_cast<const float2*>(st + (d0 + r) * kCols + col);
-        sn[r] = make_float2(s.x * decay_sh[d0 + r], s.y * decay_sh[d0 + r]);
+      for (int k0 = 0; k0 < kChunk; k0 += 8) {  // rows past the chunk's end are zeros
+        float a[4];
+        load_tf32_a(a, kg_sh + k0 * kKgPad + d0, 1, kKgPad, g, t);  // KGᵀ: element (d, j) is KG[j][d]
+        mma_tile_step<kColPad>(c, corr, a, vn_big, vn_small, k0, s0, g, t);
       }
-      for (int j = 0; j < m; ++j) {
-        const float4 kq = *reinterpret_cast<const float4*>(kg_sh + j * D + d0);
-        const float2 v = *reinterpret_cast<const float2*>(vn_sh + j * kCols + col);
-        const float kv[4] = {kq.x, kq.y, kq.z, kq.w};
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          sn[r].x += kv[r] * v.x;
-          sn[r].y += kv[r] * v.y;
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < 4; ++r) *reinterpret_cast<float2*>(st + (d0 + r) * kCols + col) = sn[r];
+      add_tiles(c, corr);
+      for_tile_pairs(d0, s0, g, t, [&](int nt, int half, int d, int col) {
+        *reinterpret_cast<float2*>(st + d * kColPad + col) =
+            make_float2(c[nt][2 * half], c[nt][2 * half + 1]);
+      });
+      store_split<kColPad>(st_big, st_small, c, d0, s0, g, t);
     }
     __syncthreads();  // KG, Aqk and exp(Γ_last) are free
     stage_b(c0 + kChunk);
   }
   cp_async_wait<0>();
   __syncthreads();
-  for (int x = tid; x < D * kCols; x += kChainThreads) state[(x / kCols) * D + col0 + x % kCols] = st[x];
+  for (int x = tid; x < D * kCols; x += kChainThreads)
+    state[(x / kCols) * D + col0 + x % kCols] = st[(x / kCols) * kColPad + x % kCols];
 }
 
 template <int D, class XT>

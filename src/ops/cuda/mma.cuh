@@ -1,5 +1,6 @@
-// Tensor-core fragments shared by the GEMMs (moe_experts.cu, moe_tiled_gemm.cu, skinny_gemm.cu):
-// the mma.sync m16n8k16 wrapper, the shared-memory fragment loads and the streaming weight load.
+// Tensor-core fragments shared by the GEMMs (moe_experts.cu, moe_tiled_gemm.cu, skinny_gemm.cu) and KDA
+// prefill's chain (kda_prefill.cu): the mma.sync m16n8k16 bf16 and m16n8k8 tf32 wrappers, the tf32 split
+// that keeps fp32-class accuracy, the shared-memory fragment loads and the streaming weight load.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,66 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p))
                : "memory");
+}
+
+// mma.sync m16n8k8 (tf32 in, fp32 accumulate). Lane l = 4g + t holds A rows g and g + 8 at k = t (a0: row
+// g, a1: row g + 8) and k = t + 4 (a2, a3), B column g at k = t and t + 4 (b0, b1), and C as mma_bf16.
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// An fp32 value as the sum of two tf32 values: big = x rounded to nearest (ties away) at tf32's 10
+// mantissa bits, small = the remainder x − big (exact in fp32) rounded the same way, so that big + small
+// carries x to about 2^-22 of its size. The rounding is an add and a mask on the bits (finite x), two
+// integer instructions where cvt.rna.tf32.f32 is several.
+__device__ __forceinline__ uint32_t round_tf32(float x) {
+  return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+}
+template <int N>
+struct Tf32Frag {
+  uint32_t big[N], small[N];
+};
+template <int N>
+__device__ __forceinline__ Tf32Frag<N> split_tf32(const float (&x)[N]) {
+  Tf32Frag<N> f;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    f.big[i] = round_tf32(x[i]);
+    f.small[i] = round_tf32(x[i] - __uint_as_float(f.big[i]));
+  }
+  return f;
+}
+
+// c + corr += A·B for fp32 A and B on the tf32 tensor cores with fp32-class accuracy (CUTLASS's "3xTF32"):
+// A·B = Ab·Bb + (As·Bb + Ab·Bs) + As·Bs, the last term (≈ 2^-22 of the product) dropped. The small products
+// go to their own accumulator, which keeps them from being rounded away against the large one and gives
+// the tensor pipe two independent dependency chains instead of one three times as long; the result is
+// c + corr.
+__device__ __forceinline__ void mma_tf32x3(float (&c)[4], float (&corr)[4], const Tf32Frag<4>& a,
+                                           const Tf32Frag<2>& b) {
+  mma_tf32(corr, a.small, b.big);
+  mma_tf32(c, a.big, b.big);
+  mma_tf32(corr, a.big, b.small);
+}
+
+// The m16n8k8 A fragment of a 16 x 8 block of fp32 in shared memory whose element (row r, k) sits at
+// base[r * row_stride + k * k_stride] (k_stride 1: row-major; row_stride 1: the transpose of a row-major
+// matrix), for lane (g, t).
+__device__ __forceinline__ void load_tf32_a(float (&a)[4], const float* base, int row_stride, int k_stride,
+                                            int g, int t) {
+  a[0] = base[g * row_stride + t * k_stride];
+  a[1] = base[(g + 8) * row_stride + t * k_stride];
+  a[2] = base[g * row_stride + (t + 4) * k_stride];
+  a[3] = base[(g + 8) * row_stride + (t + 4) * k_stride];
+}
+// The B fragment of an 8 x 8 block whose element (k, column n) sits at base[k * k_stride + n * n_stride].
+__device__ __forceinline__ void load_tf32_b(float (&b)[2], const float* base, int k_stride, int n_stride,
+                                            int g, int t) {
+  b[0] = base[t * k_stride + g * n_stride];
+  b[1] = base[(t + 4) * k_stride + g * n_stride];
 }
 
 // Weights are read once: through L2 without allocating in L1, which keeps the token rows there. The
