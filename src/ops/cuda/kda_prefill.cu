@@ -19,15 +19,16 @@
 //
 // Cost at K = V = 128 per (token, head). Bytes: q, k, v (bf16) and g (fp32) in, ≈ 1.3 KB; the workspace,
 // ≈ 2.3 KB written once and read back by each of the 4 column CTAs of kernel 2 (≈ 7.5 KB of reads, mostly
-// L2 hits); the output, 256 B. FLOPs: kernel 1 ≈ 21 K for the Aqk/Akk dot products plus ≈ 1.7 K expf
+// L2 hits); the output, 256 B. FLOPs: kernel 1 ≈ 21 K for the Aqk/Akk dot products plus ≈ 1.7 K exponentials
 // (pairwise inside sub-blocks, per row across them), and ≈ 16 K for the two forward substitutions;
 // kernel 2 ≈ 104 K (W·S, QG·S and the state update at 32 K each, Aqk·Vn 8 K): ≈ 37 GFLOP at 32 heads and
 // 8K tokens, compute and latency bound, not memory bound (kernel 2 at batch 1: 128 CTAs, 128 chunks in
-// sequence). Measured on an H200 (kernel_bench --kda-prefill, 8K tokens, batch 1): 2.14 ms, kernel 1 1.28
-// and kernel 2 0.81, where fla chunk_kda took 1.56 ms in the same job of tools/bench_kernels.py. Kernel 1's
-// time goes to the pairwise decays (an expf per pair and channel), the forward substitutions (a dependent
-// chain per column) and its input loads; a bf16 workspace and segment parallelism across a sequence at
-// batch 1 are the other levers (KERNELS.md §4.2).
+// sequence). Measured on an H200 (kernel_bench --kda-prefill, 8K tokens, batch 1): 2.10 ms; before the
+// exp2f decays 2.14 ms, kernel 1 1.28 and kernel 2 0.81, where fla chunk_kda took 1.56 ms in the same job
+// of tools/bench_kernels.py (docs/benchmarks.md). Kernel 1's time goes to the pairwise decays (an
+// exponential per pair and channel), the forward substitutions (a dependent chain per column) and its input
+// loads; a bf16 workspace and segment parallelism across a sequence at batch 1 are the other levers
+// (KERNELS.md §4.2).
 #include <algorithm>
 
 #include "ops/cuda/async_copy.cuh"
@@ -68,6 +69,7 @@ struct KdaPrefillParams : KdaCoreParams<XT> {
 // instead of once per pair. (fla's chunk_kda splits the same way, KERNELS.md §1.)
 constexpr int kSub = 16;
 constexpr int kSubs = kChunk / kSub;
+constexpr double kLog2e = 1.4426950408889634;  // Γ is kept in base 2: every decay is an exp2f
 // Rows per register block of the forward substitutions.
 constexpr int kSubstRows = 8;
 
@@ -91,7 +93,7 @@ struct ChunkSmem {
 //    (lanes over key channels, warp-sum of squares). Γ: g staged by all threads, then a thread per key
 //    channel and segment of 8 rows summing in double, the earlier segments' totals added after.
 //  - Aqk, Akk inside a sub-block: a lane per pair (i, j ≤ i), each a full dot product over the key channels
-//    with its own expf(Γ_i − Γ_j) per channel.
+//    with its own exp(Γ_i − Γ_j) per channel.
 //  - Aqk, Akk across sub-blocks, one anchor (sub-block) at a time: the decayed rows k̂_j ⊙ exp(Γ_a − Γ_j)
 //    (j < a) and q̂_i, k̂_i ⊙ exp(Γ_i − Γ_a) (i in the sub-block) by all threads, then their products on
 //    the tensor cores, a warp per (Aqk or Akk, 8 columns j), three tf32 products per fp32 one
@@ -109,7 +111,7 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
   constexpr int kPad = Smem::kPad, kVecPad = Smem::kVecPad;
   constexpr int kAkkPad = kChunk + 4;
   extern __shared__ double chunk_smem[];
-  double* gamma = chunk_smem;                                   // [C][kPad] Γ_i
+  double* gamma = chunk_smem;                                   // [C][kPad] Γ_i · log2(e)
   float* qs = reinterpret_cast<float*>(gamma + kChunk * kPad);  // [C][kPad] q̂, then U
   float* ks = qs + kChunk * kPad;                               // [C][kPad] k̂, then W
   float* akk_t = ks + kChunk * kPad;                            // [C][kAkkPad] Akkᵀ, i > j only
@@ -180,7 +182,8 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
   }
   // Γ_i = Σ_{r ≤ i} g_r in double, a thread per (channel, segment of kGammaRows rows): the segment's own
   // running sums, then the totals of the segments before it added (an exact-enough reordering: each sum
-  // of at most 64 floats is exact to ~2^-47 in double).
+  // of at most 64 floats is exact to ~2^-47 in double). Γ is kept times log2(e), so that every decay is an
+  // exp2f: fewer instructions than expf's range reduction, as many ulps.
 #pragma unroll
   for (int n = 0; n < kPerThread; ++n) {
     const int e = tid + n * kThreads;
@@ -206,7 +209,8 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
   }
   __syncthreads();  // every total read before any segment changes
   if (gamma_thread) {
-    for (int i = gamma_row0; i < gamma_row1; ++i) gamma[i * kPad + gamma_d] += offset;
+    for (int i = gamma_row0; i < gamma_row1; ++i)
+      gamma[i * kPad + gamma_d] = (gamma[i * kPad + gamma_d] + offset) * kLog2e;
   }
   __syncthreads();
 
@@ -220,13 +224,14 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
     il += (il + 1) * (il + 2) / 2 <= q;
     il -= il * (il + 1) / 2 > q;
     const int i = block * kSub + il, j = block * kSub + q - il * (il + 1) / 2;
+    const double *gamma_i = gamma + i * kPad, *gamma_j = gamma + j * kPad;
+    const float *q_i = qs + i * kPad, *k_i = ks + i * kPad, *k_j = ks + j * kPad;
     float dot_q = 0.0f, dot_k = 0.0f;
 #pragma unroll 4
     for (int d = 0; d < D; ++d) {
-      const float k_decayed =
-          ks[j * kPad + d] * expf(static_cast<float>(gamma[i * kPad + d] - gamma[j * kPad + d]));
-      dot_q += qs[i * kPad + d] * k_decayed;
-      dot_k += ks[i * kPad + d] * k_decayed;
+      const float k_decayed = k_j[d] * exp2f(static_cast<float>(gamma_i[d] - gamma_j[d]));
+      dot_q += q_i[d] * k_decayed;
+      dot_k += k_i[d] * k_decayed;
     }
     if (pair < kSubs * kTriangle && i < m) {
       p.aqk[token_head(i) * kChunk + j] = dot_q;
@@ -239,9 +244,9 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
       const int r = e / D, d = e % D;
       if (r < a) {
         kb[r * kVecPad + d] =
-            ks[r * kPad + d] * expf(static_cast<float>(gamma[a * kPad + d] - gamma[r * kPad + d]));
+            ks[r * kPad + d] * exp2f(static_cast<float>(gamma[a * kPad + d] - gamma[r * kPad + d]));
       } else {  // rows past the chunk's end take garbage here, and are dropped below
-        const float f = expf(static_cast<float>(gamma[r * kPad + d] - gamma[a * kPad + d]));
+        const float f = exp2f(static_cast<float>(gamma[r * kPad + d] - gamma[a * kPad + d]));
         qa[(r - a) * kVecPad + d] = qs[r * kPad + d] * f;
         ka[(r - a) * kVecPad + d] = ks[r * kPad + d] * f;
       }
@@ -285,10 +290,10 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
     if (e >= m * D) break;
     const int i = e / D, d = e % D;
     const double gamma_i = gamma[i * kPad + d];
-    const float from_start = expf(static_cast<float>(gamma_i));  // exp(Γ_i)
+    const float from_start = exp2f(static_cast<float>(gamma_i));  // exp(Γ_i)
     const int64_t at = token_head(i) * D + d;
     p.qg[at] = qs[i * kPad + d] * from_start;
-    p.kg[at] = ks[i * kPad + d] * expf(static_cast<float>(gamma[(m - 1) * kPad + d] - gamma_i));
+    p.kg[at] = ks[i * kPad + d] * exp2f(static_cast<float>(gamma[(m - 1) * kPad + d] - gamma_i));
     if (i == m - 1) p.decay[token_head(0) * D + d] = from_start;
     qs[i * kPad + d] = beta[i] * v_in[n];
     ks[i * kPad + d] = beta[i] * ks[i * kPad + d] * from_start;
