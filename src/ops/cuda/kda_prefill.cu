@@ -541,7 +541,6 @@ __global__ void __launch_bounds__(kChainThreads) kda_chain_kernel(KdaPrefillPara
       }
       add_tiles(acc, corr);
       if (is_w) {  // Vn = U − W·S
-#pragma unroll
         for_tile_pairs(r0, n0, g, t, [&](int nt, int half, int row, int col) {
           const float2 u = *reinterpret_cast<const float2*>(u_sh + row * kColPad + col);
           acc[nt][2 * half] = u.x - acc[nt][2 * half];
