@@ -419,11 +419,9 @@ template <int kColPad>
 __device__ __forceinline__ void store_split(uint32_t* big, uint32_t* small, const float (&c)[2][4], int r0,
                                             int n0, int g, int t) {
   for_tile_pairs(r0, n0, g, t, [&](int nt, int half, int row, int col) {
-    const float x0 = c[nt][2 * half], x1 = c[nt][2 * half + 1];
-    const uint32_t b0 = round_tf32(x0), b1 = round_tf32(x1);
-    *reinterpret_cast<uint2*>(big + row * kColPad + col) = make_uint2(b0, b1);
-    *reinterpret_cast<uint2*>(small + row * kColPad + col) =
-        make_uint2(round_tf32(x0 - __uint_as_float(b0)), round_tf32(x1 - __uint_as_float(b1)));
+    const Tf32Frag<2> f = split_tf32({c[nt][2 * half], c[nt][2 * half + 1]});
+    *reinterpret_cast<uint2*>(big + row * kColPad + col) = make_uint2(f.big[0], f.big[1]);
+    *reinterpret_cast<uint2*>(small + row * kColPad + col) = make_uint2(f.small[0], f.small[1]);
   });
 }
 
@@ -490,9 +488,10 @@ __global__ void __launch_bounds__(kChainThreads) kda_chain_kernel(KdaPrefillPara
   for (int x = tid; x < D * kCols; x += kChainThreads) {
     const int at = (x / kCols) * kColPad + x % kCols;
     const float s = state[(x / kCols) * D + col0 + x % kCols];
+    const Tf32Frag<1> f = split_tf32({s});
     st[at] = s;
-    st_big[at] = round_tf32(s);
-    st_small[at] = round_tf32(s - __uint_as_float(st_big[at]));
+    st_big[at] = f.big[0];
+    st_small[at] = f.small[0];
   }
 
   // Index of (row i of the chunk starting at token c0, head h) in [T, H, ...].
