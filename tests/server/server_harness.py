@@ -31,6 +31,15 @@ class Server:
     """A running `helixlm serve`; use as a context manager."""
 
     def __init__(self, *args, model=TINY_MODEL, api_key=None, ranks=1, env=None, startup_timeout=120):
+        # free_port's port is released before the server binds it, so another process (mpirun's own
+        # listeners, a test running beside this one) can take it first: then start again on a new port.
+        for _ in range(5):
+            if self._start(args, model, api_key, ranks, env, startup_timeout):
+                return
+        raise RuntimeError(f"helixlm serve found no free port in 5 attempts:\n{self.log_text()}")
+
+    def _start(self, args, model, api_key, ranks, env, startup_timeout):
+        """True once the server is healthy; False if its port was taken before it could listen."""
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
@@ -47,10 +56,12 @@ class Server:
         deadline = time.time() + startup_timeout
         while True:
             if self.proc.poll() is not None:
+                if "cannot listen on" in self.log_text():
+                    return False
                 raise RuntimeError(f"helixlm serve exited with {self.proc.returncode}:\n{self.log_text()}")
             try:
                 if self.get("/health")[0] == 200:
-                    return
+                    return True
             except OSError:
                 pass
             if time.time() > deadline:
