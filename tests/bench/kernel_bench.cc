@@ -271,13 +271,16 @@ void skinny_gemm_cases(Ops& ops, double bw) {
   }
 }
 
-// KDA chunked prefill of `batch` sequences of `tokens` each, from a zero state.
-void kda_prefill_case(Ops& ops, int64_t batch, int64_t tokens, double bw) {
+// KDA chunked prefill of `batch` sequences of `tokens` each, from a zero state. Log decays of about −0.1 per
+// token and channel, or with `steep` about −10 (softplus gates on large inputs), where Γ falls by far more
+// than kda_prefill.cu's factored decays allow inside a sub-block and every channel takes the pairwise path.
+void kda_prefill_case(Ops& ops, int64_t batch, int64_t tokens, double bw, bool steep = false) {
   const int64_t rows = batch * tokens;
   Tensor q = random_tensor(ops, {rows, kHeads, kDim}, DType::kBF16, 1.0f, 0.0f, 11);
   Tensor k = random_tensor(ops, {rows, kHeads, kDim}, DType::kBF16, 1.0f, 0.0f, 12);
   Tensor v = random_tensor(ops, {rows, kHeads, kDim}, DType::kBF16, 1.0f, 0.0f, 13);
-  Tensor g = random_tensor(ops, {rows, kHeads, kDim}, DType::kF32, 0.05f, -0.1f, 14);
+  Tensor g =
+      random_tensor(ops, {rows, kHeads, kDim}, DType::kF32, steep ? 5.0f : 0.05f, steep ? -10.0f : -0.1f, 14);
   Tensor beta = random_tensor(ops, {rows, kHeads}, DType::kF32, 0.4f, 0.5f, 15);
   Tensor state = ops.zeros({batch, kHeads, kDim, kDim}, DType::kF32);
   const SeqBatch seqs = seq_batch(ops, batch, tokens);
@@ -285,6 +288,7 @@ void kda_prefill_case(Ops& ops, int64_t batch, int64_t tokens, double bw) {
   const double bytes = static_cast<double>(q.nbytes() * 4 + g.nbytes() + beta.nbytes());  // q k v o, g, beta
   nlohmann::json j{
       {"op", "kda_prefill"}, {"batch", batch}, {"tokens", tokens}, {"heads", kHeads}, {"dim", kDim}};
+  if (steep) j["gates"] = "steep";
   j["tokens_per_s"] = static_cast<double>(rows) / t;
   print(j, t, bytes, bw);
 }
@@ -491,6 +495,7 @@ int run(Cases cases) {
     for (int64_t b : {1, 4}) {
       for (int64_t t : {8192, 65536}) kda_prefill_case(*ops, b, t, bw);
     }
+    kda_prefill_case(*ops, 1, 8192, bw, true);
   }
   if (!all && cases != Cases::kMla) return 0;
   for (int64_t heads : {32, 96}) {  // Kimi-Linear-48B, K3

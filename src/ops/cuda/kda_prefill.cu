@@ -1,12 +1,13 @@
 // KDA chunked prefill (docs/MODEL.md §5.6), the same function as ops/cpu/kda.cc kda_prefill: chunks of 64
-// aligned to each sequence's first new token, the last one partial. Decays inside a 16-row sub-block are
-// pairwise exp(Γ_i − Γ_j) with i ≥ j; across sub-blocks they are factored through the later sub-block's
-// first row a, exp(Γ_i − Γ_a)·exp(Γ_a − Γ_j), both exponents ≤ 0, so nothing overflows whatever the gate.
+// aligned to each sequence's first new token, the last one partial. Decays are factored through the first row
+// a of i's 16-row sub-block, exp(Γ_i − Γ_a)·exp(Γ_a − Γ_j) (across sub-blocks both exponents ≤ 0, so
+// nothing overflows whatever the gate; inside one only for channels that decay little across it, the others
+// pairwise exp(Γ_i − Γ_j)).
 // Γ is summed in double, as in the CPU op, so that the difference of two large cumulative sums keeps its
 // precision: softplus gates take Γ to −1000s within a chunk. fp32 math throughout: element-wise work and
-// the pairwise decays on CUDA cores, the matrix products on the tf32 tensor cores with every fp32 product
-// taken as three tf32 ones (mma_tf32x3, fp32-class accuracy; the op tests hold the state to 1e-5 of the
-// CPU op).
+// the pairwise decays on CUDA cores, the matrix products on the tf32 tensor cores, those that reach the
+// state with every fp32 product taken as three tf32 ones (mma_tf32x3, fp32-class accuracy; the op tests
+// hold the state to 1e-5 of the CPU op), those that reach only the bf16 output as one (mma_tf32x1).
 //
 // Two kernels, split where the math splits (KERNELS.md §4.2, fla's chunk_kda):
 //  1. kda_chunk_kernel, grid (chunks, H, S), fully parallel: everything of a chunk that does not depend on
@@ -19,17 +20,18 @@
 //
 // Cost at K = V = 128 per (token, head). Bytes: q, k, v (bf16) and g (fp32) in, ≈ 1.3 KB; the workspace,
 // ≈ 2.3 KB written once and read back by each of the 4 column CTAs of kernel 2 (≈ 7.5 KB of reads, mostly
-// L2 hits); the output, 256 B. FLOPs: kernel 1 ≈ 21 K for the Aqk/Akk dot products plus ≈ 1.7 K exponentials
-// (pairwise inside sub-blocks, per row across them), and ≈ 16 K for the two forward substitutions;
-// kernel 2 ≈ 104 K (W·S, QG·S and the state update at 32 K each, Aqk·Vn 8 K): ≈ 37 GFLOP at 32 heads and
-// 8K tokens, compute and latency bound, not memory bound (kernel 2 at batch 1: 128 CTAs, 128 chunks in
-// sequence). Measured on an H200 (kernel_bench --kda-prefill, 8K tokens, batch 1): 2.10 ms; before the
-// exp2f decays 2.14 ms, kernel 1 1.28 and kernel 2 0.81, where fla chunk_kda took 1.56 ms in the same job
-// of tools/bench_kernels.py (docs/benchmarks.md). Kernel 1's time goes to the pairwise decays (an
-// exponential per pair and channel), the forward substitutions (a dependent chain per column) and its input
-// loads; a bf16 workspace and segment parallelism across a sequence at batch 1 are the other levers
+// L2 hits); the output, 256 B. FLOPs: kernel 1 ≈ 21 K for the Aqk/Akk dot products plus ≈ 0.45 K exponentials
+// (per row and anchor; channels too steep to factor add theirs per pair), and ≈ 16 K for the two forward
+// substitutions; kernel 2 ≈ 104 K (W·S, QG·S and the state update at 32 K each, Aqk·Vn 8 K): ≈ 37 GFLOP at 32
+// heads and 8K tokens, compute and latency bound, not memory bound (kernel 2 at batch 1: 128 CTAs, 128 chunks
+// in sequence). Measured on an H200 (kernel_bench --kda-prefill, 8K tokens, batch 1): 1.87 ms, kernel 1 1.14
+// and kernel 2 0.70 (ncu), where fla chunk_kda took 1.40 ms in the same job of tools/bench_kernels.py
+// (docs/benchmarks.md). Kernel 1's cycles per CTA (clock64, ≈ 67 K): input loads and q̂, k̂ 16 K, Γ 4 K,
+// the anchored products 24 K (9 K of it their operands), the forward substitutions (a dependent chain per
+// column) 17 K; a bf16 workspace and segment parallelism across a sequence at batch 1 are the other levers
 // (KERNELS.md §4.2).
 #include <algorithm>
+#include <type_traits>
 
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/device_math.cuh"
@@ -62,42 +64,54 @@ struct KdaPrefillParams : KdaCoreParams<XT> {
   float* decay;  // [T, H, D] exp(Γ_last), at the chunk's first row only
 };
 
-// Sub-blocks of the chunk's rows for the decays of Aqk and Akk: a pair inside one sub-block takes its
-// exact pairwise exp(Γ_i − Γ_j); a pair across sub-blocks factors it through the first row a of i's
-// sub-block, exp(Γ_i − Γ_a)·exp(Γ_a − Γ_j), both exponents ≤ 0 (no overflow whatever the gate; the
-// product differs from the pairwise exp by a few ulps), so that the factors are computed once per row
-// instead of once per pair. (fla's chunk_kda splits the same way, KERNELS.md §1.)
+// Sub-blocks of the chunk's rows for the decays of Aqk and Akk: a pair (i, j ≤ i) factors its decay through
+// the first row a of i's sub-block, exp(Γ_i − Γ_a)·exp(Γ_a − Γ_j), so that the factors are computed once per
+// row instead of once per pair and the sums over channels become matrix products (the product differs from
+// the pairwise exp by a few ulps). Across sub-blocks (j < a) both exponents are ≤ 0: no overflow whatever
+// the gate (fla's chunk_kda splits the same way, KERNELS.md §1). Inside i's own sub-block the second is
+// ≥ 0, which is safe only while Γ falls little across the sub-block (kSafeSpread); steeper channels keep
+// the exact pairwise exp(Γ_i − Γ_j) there.
 constexpr int kSub = 16;
 constexpr int kSubs = kChunk / kSub;
 constexpr double kLog2e = 1.4426950408889634;  // Γ is kept in base 2: every decay is an exp2f
+// A channel whose Γ falls by less than this (base 2) across a sub-block takes its decays inside the
+// sub-block factored too, exp2(L_i − L_a)·exp2(L_a − L_j) with the second factor ≥ 1: both stay normal
+// floats far from overflow. Channels that fall further (softplus gates can take Γ down by 1000s within a
+// chunk) keep the exact pairwise form.
+constexpr double kSafeSpread = 64.0;
 // Rows per register block of the forward substitutions.
 constexpr int kSubstRows = 8;
 
 // kda_chunk_kernel's shared memory: Γ [C][D+1] double, q̂ then U [C][D+1], k̂ then W [C][D+1],
 // Akkᵀ [C][C+4] (column j of Akk as a row, so that the substitutions read kSubstRows rows' coefficients
-// with float4 loads), β [C], and for the cross-sub-block decays k̂_j ⊙ exp(Γ_a − Γ_j) [C − kSub][D+4] and
-// q̂_i, k̂_i ⊙ exp(Γ_i − Γ_a) [kSub][D+4] each. Rows walked by lanes (lanes over rows) are padded by one
-// element so that they fall in distinct banks; rows read as float4 broadcasts or as tf32 mma fragments
-// (lanes g over 8 rows, t over 4 columns) by 4.
+// with float4 loads), β [C], for the anchored decays k̂_j ⊙ exp(Γ_a − Γ_j) [C][D+4] and
+// q̂_i, k̂_i ⊙ exp(Γ_i − Γ_a) [kSub][D+4] each, the pairwise part of Aqk's diagonal blocks [C][kSub + 1],
+// and for the channels that keep pairwise decays a count per sub-block [kSubs] int, a flag per (sub-block,
+// channel) [kSubs][D] bytes and the flagged channels' indices packed [kSubs][D] bytes. Rows
+// walked by lanes (lanes over rows) are padded by one element so that they fall in distinct banks; rows read
+// as float4 broadcasts or as tf32 mma fragments (lanes g over 8 rows, t over 4 columns) by 4.
 template <int D>
 struct ChunkSmem {
   static constexpr int kPad = D + 1;
   static constexpr int kVecPad = D + 4;
   static constexpr size_t kBytes =
-      sizeof(double) * kChunk * kPad + sizeof(float) * (2 * kChunk * kPad + kChunk * (kChunk + 4) + kChunk +
-                                                        (kChunk - kSub) * kVecPad + 2 * kSub * kVecPad);
+      sizeof(double) * kChunk * kPad +
+      sizeof(float) * (2 * kChunk * kPad + kChunk * (kChunk + 4) + kChunk + kChunk * kVecPad +
+                       2 * kSub * kVecPad + kChunk * (kSub + 1)) +
+      2 * kSubs * D + sizeof(int) * kSubs;
 };
 
 // Grid (chunks, H, S): a CTA per (sequence, head, chunk of 64 tokens), kThreads / 32 warps.
 //  - every global input (q, k, v, g, β) loaded into registers first, then q̂, k̂: a warp per token row
 //    (lanes over key channels, warp-sum of squares). Γ: g staged by all threads, then a thread per key
 //    channel and segment of 8 rows summing in double, the earlier segments' totals added after.
-//  - Aqk, Akk inside a sub-block: a lane per pair (i, j ≤ i), each a full dot product over the key channels
-//    with its own exp(Γ_i − Γ_j) per channel.
-//  - Aqk, Akk across sub-blocks, one anchor (sub-block) at a time: the decayed rows k̂_j ⊙ exp(Γ_a − Γ_j)
-//    (j < a) and q̂_i, k̂_i ⊙ exp(Γ_i − Γ_a) (i in the sub-block) by all threads, then their products on
-//    the tensor cores, a warp per (Aqk or Akk, 8 columns j), three tf32 products per fp32 one
-//    (mma_tf32x3: fp32-class accuracy).
+//  - the channels too steep to factor inside a sub-block: listed per sub-block by a warp each, then their
+//    pairwise terms for every pair (i, j ≤ i) of a sub-block, a lane per pair (none with mild gates).
+//  - Aqk, Akk, one anchor (sub-block) at a time: the decayed rows k̂_j ⊙ exp(Γ_a − Γ_j) (j < a, and the
+//    sub-block's own rows for the channels not kept pairwise) and q̂_i, k̂_i ⊙ exp(Γ_i − Γ_a) (i in the
+//    sub-block) by all threads, then their products on the tensor cores, a warp per (Aqk or Akk, 8 columns
+//    j): three tf32 products per fp32 one for Akk (mma_tf32x3: fp32-class accuracy, as Akk reaches the
+//    state), one for Aqk (which reaches only the bf16 output).
 //  - the per-element operands QG, KG, exp(Γ_last) and the right sides β v and β k̂ ⊙ exp(Γ): a thread per
 //    element.
 //  - the forward substitutions through the unit lower triangular (I + Akk): a thread per column of U or W
@@ -116,9 +130,13 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
   float* ks = qs + kChunk * kPad;                               // [C][kPad] k̂, then W
   float* akk_t = ks + kChunk * kPad;                            // [C][kAkkPad] Akkᵀ, i > j only
   float* beta = akk_t + kChunk * kAkkPad;                       // [C]
-  float* kb = beta + kChunk;                   // [C − kSub][kVecPad] k̂_j ⊙ exp(Γ_a − Γ_j)
-  float* qa = kb + (kChunk - kSub) * kVecPad;  // [kSub][kVecPad] q̂_i ⊙ exp(Γ_i − Γ_a)
-  float* ka = qa + kSub * kVecPad;             // [kSub][kVecPad] k̂_i ⊙ exp(Γ_i − Γ_a)
+  float* kb = beta + kChunk;                                    // [C][kVecPad] k̂_j ⊙ exp(Γ_a − Γ_j)
+  float* qa = kb + kChunk * kVecPad;    // [kSub][kVecPad] q̂_i ⊙ exp(Γ_i − Γ_a)
+  float* ka = qa + kSub * kVecPad;      // [kSub][kVecPad] k̂_i ⊙ exp(Γ_i − Γ_a)
+  float* diag_q = ka + kSub * kVecPad;  // [C][kSub + 1] Aqk's pairwise part, j − a
+  int* steep_count = reinterpret_cast<int*>(diag_q + kChunk * (kSub + 1));          // [kSubs]
+  unsigned char* pairwise = reinterpret_cast<unsigned char*>(steep_count + kSubs);  // [kSubs][D] flags
+  unsigned char* steep_list = pairwise + kSubs * D;  // [kSubs][D] the flagged channels, packed
 
   const int chunk = blockIdx.x, h = blockIdx.y;
   const Span span = load_span(p.table, blockIdx.z);
@@ -214,9 +232,30 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
   }
   __syncthreads();
 
+  // Which (sub-block, channel) keep pairwise decays: Γ falls by kSafeSpread or more across the sub-block.
+  // A warp per sub-block packs them into a list, so that the pairwise loop below costs in proportion to
+  // how many there are.
+  static_assert(D <= 256, "channel indices are kept in bytes");
+  for (int block = warp; block < kSubs; block += kWarps) {
+    const int a0 = block * kSub;
+    int count = 0;
+    for (int d0 = 0; d0 < D; d0 += 32) {
+      const int d = d0 + lane;
+      const bool steep =
+          d < D && a0 < m && gamma[a0 * kPad + d] - gamma[(min(a0 + kSub, m) - 1) * kPad + d] >= kSafeSpread;
+      const unsigned flagged = __ballot_sync(0xffffffffu, steep);
+      if (d < D) pairwise[block * D + d] = steep;
+      if (steep) steep_list[block * D + count + __popc(flagged & ((1u << lane) - 1))] = d;
+      count += __popc(flagged);
+    }
+    if (lane == 0) steep_count[block] = count;
+  }
+  __syncthreads();
+
   // Aqk[i][j] = Σ_d q̂_i k̂_j exp(Γ_i − Γ_j) (j ≤ i), Akk[i][j] = β_i Σ_d k̂_i k̂_j exp(Γ_i − Γ_j) (j < i).
-  // Inside a sub-block, pairwise: the kSubs triangles of kTriangle pairs (j ≤ i) laid end to end, a lane
-  // per pair, so that no lane idles above a diagonal. Lanes of pairs past the chunk's end compute and drop.
+  // Inside a sub-block, the channels that keep pairwise decays (usually none): the kSubs triangles of
+  // kTriangle pairs (j ≤ i) laid end to end, a lane per pair, so that no lane idles above a diagonal. Lanes
+  // of pairs past the chunk's end compute and drop.
   constexpr int kTriangle = kSub * (kSub + 1) / 2;
   for (int pair = warp * 32 + lane; pair - lane < kSubs * kTriangle; pair += kThreads) {
     const int block = min(pair / kTriangle, kSubs - 1), q = pair - block * kTriangle;
@@ -226,35 +265,45 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
     const int i = block * kSub + il, j = block * kSub + q - il * (il + 1) / 2;
     const double *gamma_i = gamma + i * kPad, *gamma_j = gamma + j * kPad;
     const float *q_i = qs + i * kPad, *k_i = ks + i * kPad, *k_j = ks + j * kPad;
+    const unsigned char* steep = steep_list + block * D;
+    const int steep_channels = steep_count[block];
     float dot_q = 0.0f, dot_k = 0.0f;
 #pragma unroll 4
-    for (int d = 0; d < D; ++d) {
+    for (int x = 0; x < steep_channels; ++x) {
+      const int d = steep[x];
       const float k_decayed = k_j[d] * exp2f(static_cast<float>(gamma_i[d] - gamma_j[d]));
       dot_q += q_i[d] * k_decayed;
       dot_k += k_i[d] * k_decayed;
     }
     if (pair < kSubs * kTriangle && i < m) {
-      p.aqk[token_head(i) * kChunk + j] = dot_q;
+      diag_q[i * (kSub + 1) + j - block * kSub] = dot_q;
       if (j < i) akk_t[j * kAkkPad + i] = beta[i] * dot_k;
     }
   }
-  // Across sub-blocks, anchored at each sub-block's first row a.
-  for (int a = kSub; a < m; a += kSub) {
+  __syncthreads();
+  // Anchored at each sub-block's first row a: rows i of the sub-block against all rows j < a and, for the
+  // channels not kept pairwise, against the sub-block's own rows j ≤ i (the factor exp(Γ_a − Γ_j) ≥ 1 there).
+  for (int a = 0; a < m; a += kSub) {
+    const unsigned char* steep = pairwise + (a / kSub) * D;
     for (int e = tid; e < (a + kSub) * D; e += kThreads) {
       const int r = e / D, d = e % D;
-      if (r < a) {
+      if (r < a || !steep[d]) {  // rows past the chunk's end take garbage here, and are dropped below
         kb[r * kVecPad + d] =
             ks[r * kPad + d] * exp2f(static_cast<float>(gamma[a * kPad + d] - gamma[r * kPad + d]));
-      } else {  // rows past the chunk's end take garbage here, and are dropped below
+      } else {
+        kb[r * kVecPad + d] = 0.0f;
+      }
+      if (r >= a) {
         const float f = exp2f(static_cast<float>(gamma[r * kPad + d] - gamma[a * kPad + d]));
         qa[(r - a) * kVecPad + d] = qs[r * kPad + d] * f;
         ka[(r - a) * kVecPad + d] = ks[r * kPad + d] * f;
       }
     }
     __syncthreads();
-    // [kSub, D]·[D, a] products on the tensor cores (mma_tf32x3, fp32-class), a warp per (Aqk or Akk, 8
-    // columns j).
-    const int col_tiles = a / 8;
+    // [kSub, D]·[D, a + kSub] products on the tensor cores (mma_tf32x3, fp32-class), a warp per (Aqk or
+    // Akk, 8 columns j); in the diagonal block only j ≤ i (Aqk) or j < i (Akk) are kept, added to their
+    // pairwise part.
+    const int col_tiles = (a + kSub) / 8;
     for (int task = warp; task < 2 * col_tiles; task += kWarps) {
       const bool is_q = task < col_tiles;
       const int j0 = 8 * (task % col_tiles);
@@ -265,16 +314,21 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
         float af[4], bf[2];
         load_tf32_a(af, a_rows + k0, kVecPad, 1, g, t);
         load_tf32_b(bf, kb + j0 * kVecPad + k0, 1, kVecPad, g, t);  // element (d, j) is kb[j][d]
-        mma_tf32x3(c, corr, split_tf32(af), split_tf32(bf));
+        if (is_q) {  // Aqk reaches only the bf16 output: one tf32 pass
+          mma_tf32x1(c, af, {round_tf32(bf[0]), round_tf32(bf[1])});
+        } else {
+          mma_tf32x3(c, corr, split_tf32(af), split_tf32(bf));
+        }
       }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = a + g + 8 * (e / 2), j = j0 + 2 * t + e % 2;
-        if (i >= m) continue;
+        if (i >= m || j > i || (j == i && !is_q)) continue;
+        const float dot = c[e] + corr[e];
         if (is_q) {
-          p.aqk[token_head(i) * kChunk + j] = c[e] + corr[e];
+          p.aqk[token_head(i) * kChunk + j] = j < a ? dot : dot + diag_q[i * (kSub + 1) + j - a];
         } else {
-          akk_t[j * kAkkPad + i] = beta[i] * (c[e] + corr[e]);
+          akk_t[j * kAkkPad + i] = j < a ? beta[i] * dot : akk_t[j * kAkkPad + i] + beta[i] * dot;
         }
       }
     }
@@ -339,14 +393,15 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
 }
 
 // How kda_chain_kernel<D> splits a head: kCols value columns per CTA, kChainThreads threads (16 warps). The
-// chunk's products run on the tensor cores, m16n8k8 tf32 mma with each operand split into two tf32 values
-// and multiplied three times (mma_tf32x3), which keeps fp32-class accuracy (the op is checked against the
-// fp32 CPU op at 1e-5); on CUDA cores with register tiles the chain was bound by shared-memory wavefronts
-// (ncu: 85% of cycles), as each FMA came with a quarter of a load. The split costs integer instructions per
-// element and use, so the operands used by many warps are stored split: the state slice (read by every
-// warp of the first products) and Vn (by every warp of the last two), each as fp32 bits of its tf32 big
-// and small parts beside the fp32 state the update starts from. Per warp, 16 x 16 tiles (two m16n8 tiles
-// sharing the A fragment):
+// chunk's products run on the tensor cores, m16n8k8 tf32 mma; those that reach the state (W·S, KGᵀ·Vn)
+// with each operand split into two tf32 values and multiplied three times (mma_tf32x3), which keeps
+// fp32-class accuracy (the op is checked against the fp32 CPU op at 1e-5), those that reach only the bf16
+// output (QG·S, Aqk·Vn) once (mma_tf32x1); on CUDA cores with register tiles the chain was bound by
+// shared-memory wavefronts (ncu: 85% of cycles), as each FMA came with a quarter of a load. The split costs
+// integer instructions per element and use, so the operands used by many warps are stored split: the state
+// slice (read by every warp of the first products) and Vn (by every warp of the last two), each as fp32 bits
+// of its tf32 big and small parts beside the fp32 state the update starts from. Per warp, 16 x 16 tiles (two
+// m16n8 tiles sharing the A fragment):
 //  - Vn = U − W·S (warps 0 .. kOutTasks − 1) or O = QG·S (the next kOutTasks), row tile w % kRowTiles,
 //    column pair (w / kRowTiles) % kColPairs; the O warps then add Aqk·Vn on the same tile;
 //  - the state update on the tiles of [D, kCols], warp, warp + 16, ...
@@ -389,16 +444,26 @@ __device__ __forceinline__ void load_split_b(Tf32Frag<2> (&b)[2], const uint32_t
 }
 
 // acc + corr += A·B over one k-step of 8 for a warp's 16 x 16 tile: A's fragment given in fp32, B's two
-// fragments read split from rows k0 .. k0 + 7, columns n0 .. n0 + 15 of [k][kColPad].
-template <int kColPad>
+// fragments read split from rows k0 .. k0 + 7, columns n0 .. n0 + 15 of [k][kColPad]. kExact: three tf32
+// products (mma_tf32x3); otherwise one (mma_tf32x1, B's big part only, corr untouched), for the products
+// that reach only the bf16 output.
+template <int kColPad, bool kExact>
 __device__ __forceinline__ void mma_tile_step(float (&acc)[2][4], float (&corr)[2][4], const float (&a)[4],
                                               const uint32_t* big, const uint32_t* small, int k0, int n0,
                                               int g, int t) {
-  const Tf32Frag<4> af = split_tf32(a);
-  Tf32Frag<2> b[2];
-  load_split_b<kColPad>(b, big, small, k0, n0, g, t);
-  mma_tf32x3(acc[0], corr[0], af, b[0]);
-  mma_tf32x3(acc[1], corr[1], af, b[1]);
+  if constexpr (kExact) {
+    const Tf32Frag<4> af = split_tf32(a);
+    Tf32Frag<2> b[2];
+    load_split_b<kColPad>(b, big, small, k0, n0, g, t);
+    mma_tf32x3(acc[0], corr[0], af, b[0]);
+    mma_tf32x3(acc[1], corr[1], af, b[1]);
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const int at = (k0 + t) * kColPad + n0 + 8 * nt + g;
+      mma_tf32x1(acc[nt], a, {big[at], big[at + 4 * kColPad]});
+    }
+  }
 }
 
 // Calls f(nt, half, row, col) for each pair of accumulator elements a lane holds of a warp's two m16n8
@@ -531,12 +596,19 @@ __global__ void __launch_bounds__(kChainThreads) kda_chain_kernel(KdaPrefillPara
     float acc[2][4] = {};  // W·S or O: tile nt at rows r0 + g (+ 8), columns n0 + 8 nt + 2t (+ 1)
     if (has_out) {
       float corr[2][4] = {};
-      const float* a_rows = (is_w ? w_sh : qg_sh) + r0 * kRowPad;
+      // W·S feeds the state, exactly; QG·S only the output.
+      auto first_product = [&](const float* a_rows, auto exact) {
 #pragma unroll
-      for (int k0 = 0; k0 < D; k0 += 8) {
-        float a[4];
-        load_tf32_a(a, a_rows + k0, kRowPad, 1, g, t);
-        mma_tile_step<kColPad>(acc, corr, a, st_big, st_small, k0, n0, g, t);
+        for (int k0 = 0; k0 < D; k0 += 8) {
+          float a[4];
+          load_tf32_a(a, a_rows + k0, kRowPad, 1, g, t);
+          mma_tile_step<kColPad, decltype(exact)::value>(acc, corr, a, st_big, st_small, k0, n0, g, t);
+        }
+      };
+      if (is_w) {
+        first_product(w_sh + r0 * kRowPad, std::true_type{});
+      } else {
+        first_product(qg_sh + r0 * kRowPad, std::false_type{});
       }
       add_tiles(acc, corr);
       if (is_w) {  // Vn = U − W·S
@@ -564,9 +636,8 @@ __global__ void __launch_bounds__(kChainThreads) kda_chain_kernel(KdaPrefillPara
             if (k0 + t + 4 * (e / 2) > r0 + g + 8 * (e % 2)) a[e] = 0.0f;
           }
         }
-        mma_tile_step<kColPad>(acc, corr, a, vn_big, vn_small, k0, n0, g, t);
+        mma_tile_step<kColPad, false>(acc, corr, a, vn_big, vn_small, k0, n0, g, t);
       }
-      add_tiles(acc, corr);
       for_tile_pairs(r0, n0, g, t, [&](int nt, int half, int i, int col) {
         if (i < m) {
           *reinterpret_cast<__nv_bfloat162*>(p.out + token_head(c0, i) * D + col0 + col) =
@@ -586,7 +657,7 @@ __global__ void __launch_bounds__(kChainThreads) kda_chain_kernel(KdaPrefillPara
       for (int k0 = 0; k0 < kChunk; k0 += 8) {  // rows past the chunk's end are zeros
         float a[4];
         load_tf32_a(a, kg_sh + k0 * kKgPad + d0, 1, kKgPad, g, t);  // KGᵀ: element (d, j) is KG[j][d]
-        mma_tile_step<kColPad>(c, corr, a, vn_big, vn_small, k0, s0, g, t);
+        mma_tile_step<kColPad, true>(c, corr, a, vn_big, vn_small, k0, s0, g, t);
       }
       add_tiles(c, corr);
       for_tile_pairs(d0, s0, g, t, [&](int nt, int half, int d, int col) {

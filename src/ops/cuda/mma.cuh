@@ -81,6 +81,13 @@ __device__ __forceinline__ void mma_tf32x3(float (&c)[4], float (&corr)[4], cons
   mma_tf32(corr, a.big, b.small);
 }
 
+// c += A·B on one tf32 pass, each operand rounded to tf32 (≈ 2^-11 of its size): for products that reach
+// only a bf16 output, whose own rounding (2^-9) is the larger error.
+__device__ __forceinline__ void mma_tf32x1(float (&c)[4], const float (&a)[4], const uint32_t (&b)[2]) {
+  const uint32_t ar[4] = {round_tf32(a[0]), round_tf32(a[1]), round_tf32(a[2]), round_tf32(a[3])};
+  mma_tf32(c, ar, b);
+}
+
 // The m16n8k8 A fragment of a 16 x 8 block of fp32 in shared memory whose element (row r, k) sits at
 // base[r * row_stride + k * k_stride] (k_stride 1: row-major; row_stride 1: the transpose of a row-major
 // matrix), for lane (g, t).
