@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace hlm::cuda {
 
@@ -46,6 +47,24 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& q, float (&v)[8]) {
     const float2 f = unpack_bf16x2(w[i]);
     v[2 * i] = f.x;
     v[2 * i + 1] = f.y;
+  }
+}
+
+// N consecutive elements (F32 or BF16) as floats, in vector loads of up to 16 bytes; p must be aligned to
+// the vector's size (N · sizeof(T) bytes, or 16).
+template <int N, class T>
+__device__ __forceinline__ void load_floats(const T* p, float (&out)[N]) {
+  constexpr int kBytes = N * sizeof(T) < 16 ? N * sizeof(T) : 16, kPer = kBytes / sizeof(T);
+  static_assert(N % kPer == 0 && (kBytes == 16 || kBytes == 8 || kBytes == 4 || kBytes == 2));
+  using Word = std::conditional_t<
+      kBytes == 16, uint4,
+      std::conditional_t<kBytes == 8, uint2, std::conditional_t<kBytes == 4, uint32_t, uint16_t>>>;
+#pragma unroll
+  for (int w = 0; w < N / kPer; ++w) {
+    const Word word = *reinterpret_cast<const Word*>(p + w * kPer);
+    const T* e = reinterpret_cast<const T*>(&word);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) out[w * kPer + i] = to_float(e[i]);
   }
 }
 

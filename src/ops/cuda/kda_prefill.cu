@@ -24,12 +24,12 @@
 // (per row and anchor; channels too steep to factor add theirs per pair), and ≈ 16 K for the two forward
 // substitutions; kernel 2 ≈ 104 K (W·S, QG·S and the state update at 32 K each, Aqk·Vn 8 K): ≈ 37 GFLOP at 32
 // heads and 8K tokens, compute and latency bound, not memory bound (kernel 2 at batch 1: 128 CTAs, 128 chunks
-// in sequence). Measured on an H200 (kernel_bench --kda-prefill, 8K tokens, batch 1): 1.87 ms, kernel 1 1.14
-// and kernel 2 0.70 (ncu), where fla chunk_kda took 1.40 ms in the same job of tools/bench_kernels.py
-// (docs/benchmarks.md). Kernel 1's cycles per CTA (clock64, ≈ 67 K): input loads and q̂, k̂ 16 K, Γ 4 K,
-// the anchored products 24 K (9 K of it their operands), the forward substitutions (a dependent chain per
-// column) 17 K; a bf16 workspace and segment parallelism across a sequence at batch 1 are the other levers
-// (KERNELS.md §4.2).
+// in sequence). Measured on an H200 (kernel_bench --kda-prefill, 8K tokens, batch 1): 1.81 ms, kernel 1 1.07
+// and kernel 2 0.70 (ncu), where fla chunk_kda took 1.40 ms in an earlier job of tools/bench_kernels.py
+// (docs/benchmarks.md). Kernel 1's cycles per CTA (clock64, ≈ 63 K): input loads and q̂, k̂ 15.5 K (mostly
+// waiting on the loads: one CTA per SM), Γ 4 K, the anchored products 21 K (5.6 K of it their operands), the
+// forward substitutions (a dependent chain per column) 17 K; a bf16 workspace and segment parallelism across
+// a sequence at batch 1 are the other levers (KERNELS.md §4.2).
 #include <algorithm>
 #include <type_traits>
 
@@ -82,7 +82,7 @@ constexpr double kSafeSpread = 64.0;
 // Rows per register block of the forward substitutions.
 constexpr int kSubstRows = 8;
 
-// kda_chunk_kernel's shared memory: Γ [C][D+1] double, q̂ then U [C][D+1], k̂ then W [C][D+1],
+// kda_chunk_kernel's shared memory: Γ [C][D+1] double, q̂ then U [C][D+4], k̂ then W [C][D+4],
 // Akkᵀ [C][C+4] (column j of Akk as a row, so that the substitutions read kSubstRows rows' coefficients
 // with float4 loads), β [C], for the anchored decays k̂_j ⊙ exp(Γ_a − Γ_j) [C][D+4] and
 // q̂_i, k̂_i ⊙ exp(Γ_i − Γ_a) [kSub][D+4] each, the pairwise part of Aqk's diagonal blocks [C][kSub + 1],
@@ -94,17 +94,19 @@ template <int D>
 struct ChunkSmem {
   static constexpr int kPad = D + 1;
   static constexpr int kVecPad = D + 4;
+  static constexpr int kRowPad = kVecPad;  // q̂ and k̂ rows, written as float4
   static constexpr size_t kBytes =
       sizeof(double) * kChunk * kPad +
-      sizeof(float) * (2 * kChunk * kPad + kChunk * (kChunk + 4) + kChunk + kChunk * kVecPad +
+      sizeof(float) * (2 * kChunk * kRowPad + kChunk * (kChunk + 4) + kChunk + kChunk * kVecPad +
                        2 * kSub * kVecPad + kChunk * (kSub + 1)) +
       2 * kSubs * D + sizeof(int) * kSubs;
 };
 
 // Grid (chunks, H, S): a CTA per (sequence, head, chunk of 64 tokens), kThreads / 32 warps.
 //  - every global input (q, k, v, g, β) loaded into registers first, then q̂, k̂: a warp per token row
-//    (lanes over key channels, warp-sum of squares). Γ: g staged by all threads, then a thread per key
-//    channel and segment of 8 rows summing in double, the earlier segments' totals added after.
+//    (4 adjacent key channels a lane, loaded as one vector; warp-sum of squares). Γ: g staged by all threads,
+//    then a thread per key channel and segment of 8 rows summing in double, the earlier segments' totals
+//    added after.
 //  - the channels too steep to factor inside a sub-block: listed per sub-block by a warp each, then their
 //    pairwise terms for every pair (i, j ≤ i) of a sub-block, a lane per pair (none with mild gates).
 //  - Aqk, Akk, one anchor (sub-block) at a time: the decayed rows k̂_j ⊙ exp(Γ_a − Γ_j) (j < a, and the
@@ -122,13 +124,13 @@ template <int D, class XT, int kThreads>
 __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT> p) {
   constexpr int kWarps = kThreads / 32;
   using Smem = ChunkSmem<D>;
-  constexpr int kPad = Smem::kPad, kVecPad = Smem::kVecPad;
+  constexpr int kPad = Smem::kPad, kRowPad = Smem::kRowPad, kVecPad = Smem::kVecPad;
   constexpr int kAkkPad = kChunk + 4;
   extern __shared__ double chunk_smem[];
   double* gamma = chunk_smem;                                   // [C][kPad] Γ_i · log2(e)
-  float* qs = reinterpret_cast<float*>(gamma + kChunk * kPad);  // [C][kPad] q̂, then U
-  float* ks = qs + kChunk * kPad;                               // [C][kPad] k̂, then W
-  float* akk_t = ks + kChunk * kPad;                            // [C][kAkkPad] Akkᵀ, i > j only
+  float* qs = reinterpret_cast<float*>(gamma + kChunk * kPad);  // [C][kRowPad] q̂, then U
+  float* ks = qs + kChunk * kRowPad;                            // [C][kRowPad] k̂, then W
+  float* akk_t = ks + kChunk * kRowPad;                         // [C][kAkkPad] Akkᵀ, i > j only
   float* beta = akk_t + kChunk * kAkkPad;                       // [C]
   float* kb = beta + kChunk;                                    // [C][kVecPad] k̂_j ⊙ exp(Γ_a − Γ_j)
   float* qa = kb + kChunk * kVecPad;    // [kSub][kVecPad] q̂_i ⊙ exp(Γ_i − Γ_a)
@@ -153,7 +155,7 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
   // for one round trip to memory rather than one per row (one CTA per SM: nothing else hides it).
   // v, for the right sides of the substitutions, stays in registers until then.
   constexpr int kPerThread = (kChunk * D + kThreads - 1) / kThreads;
-  constexpr int kRowsPerWarp = (kChunk + kWarps - 1) / kWarps, kPerLane = (D + 31) / 32;
+  constexpr int kRowsPerWarp = (kChunk + kWarps - 1) / kWarps, kPerLane = 4;  // 4 adjacent channels a lane
   float v_in[kPerThread], g_in[kPerThread];
 #pragma unroll
   for (int n = 0; n < kPerThread; ++n) {
@@ -162,16 +164,15 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
     v_in[n] = valid ? to_float(p.v[token_head(e / D) * D + e % D]) : 0.0f;
     g_in[n] = valid ? p.g[token_head(e / D) * D + e % D] : 0.0f;
   }
-  float q_in[kRowsPerWarp][kPerLane], k_in[kRowsPerWarp][kPerLane];  // rows warp + r·kWarps, d = lane + 32n
+  static_assert(D % kPerLane == 0 && D / kPerLane <= 32);
+  float q_in[kRowsPerWarp][kPerLane] = {}, k_in[kRowsPerWarp][kPerLane] = {};  // rows warp + r·kWarps
+  const int lane_d = kPerLane * lane;                                          // channels lane_d ..
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const int i = warp + r * kWarps;
-#pragma unroll
-    for (int n = 0; n < kPerLane; ++n) {
-      const int d = lane + 32 * n;
-      const bool valid = i < m && d < D;
-      q_in[r][n] = valid ? to_float(p.q[token_head(i) * D + d]) : 0.0f;
-      k_in[r][n] = valid ? to_float(p.k[token_head(i) * D + d]) : 0.0f;
+    if (i < m && lane_d < D) {
+      load_floats(p.q + token_head(i) * D + lane_d, q_in[r]);
+      load_floats(p.k + token_head(i) * D + lane_d, k_in[r]);
     }
   }
   if (tid < m) beta[tid] = p.beta[token_head(tid)];
@@ -189,13 +190,11 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
     }
     const float q_factor = l2_factor(warp_sum(q_sq), q_scale);
     const float k_factor = l2_factor(warp_sum(k_sq), 1.0f);
-#pragma unroll
-    for (int n = 0; n < kPerLane; ++n) {
-      const int d = lane + 32 * n;
-      if (d < D) {
-        qs[i * kPad + d] = q_in[r][n] * q_factor;
-        ks[i * kPad + d] = k_in[r][n] * k_factor;
-      }
+    if (lane_d < D) {
+      *reinterpret_cast<float4*>(qs + i * kRowPad + lane_d) = make_float4(
+          q_in[r][0] * q_factor, q_in[r][1] * q_factor, q_in[r][2] * q_factor, q_in[r][3] * q_factor);
+      *reinterpret_cast<float4*>(ks + i * kRowPad + lane_d) = make_float4(
+          k_in[r][0] * k_factor, k_in[r][1] * k_factor, k_in[r][2] * k_factor, k_in[r][3] * k_factor);
     }
   }
   // Γ_i = Σ_{r ≤ i} g_r in double, a thread per (channel, segment of kGammaRows rows): the segment's own
@@ -264,7 +263,7 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
     il -= il * (il + 1) / 2 > q;
     const int i = block * kSub + il, j = block * kSub + q - il * (il + 1) / 2;
     const double *gamma_i = gamma + i * kPad, *gamma_j = gamma + j * kPad;
-    const float *q_i = qs + i * kPad, *k_i = ks + i * kPad, *k_j = ks + j * kPad;
+    const float *q_i = qs + i * kRowPad, *k_i = ks + i * kRowPad, *k_j = ks + j * kRowPad;
     const unsigned char* steep = steep_list + block * D;
     const int steep_channels = steep_count[block];
     float dot_q = 0.0f, dot_k = 0.0f;
@@ -285,19 +284,23 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
   // channels not kept pairwise, against the sub-block's own rows j ≤ i (the factor exp(Γ_a − Γ_j) ≥ 1 there).
   for (int a = 0; a < m; a += kSub) {
     const unsigned char* steep = pairwise + (a / kSub) * D;
-    for (int e = tid; e < (a + kSub) * D; e += kThreads) {
-      const int r = e / D, d = e % D;
-      if (r < a || !steep[d]) {  // rows past the chunk's end take garbage here, and are dropped below
-        kb[r * kVecPad + d] =
-            ks[r * kPad + d] * exp2f(static_cast<float>(gamma[a * kPad + d] - gamma[r * kPad + d]));
-      } else {
-        kb[r * kVecPad + d] = 0.0f;
-      }
-      if (r >= a) {
-        const float f = exp2f(static_cast<float>(gamma[r * kPad + d] - gamma[a * kPad + d]));
-        qa[(r - a) * kVecPad + d] = qs[r * kPad + d] * f;
-        ka[(r - a) * kVecPad + d] = ks[r * kPad + d] * f;
-      }
+    // A thread per channel d and every kRowStep-th row, so that Γ_a and the channel's flag are read once;
+    // rows past the chunk's end take garbage here, and are dropped below.
+    constexpr int kRowStep = kThreads / D;
+    static_assert(kThreads % D == 0);
+    const int d = tid % D;
+    const double gamma_a = gamma[a * kPad + d];
+    for (int r = tid / D; r < a; r += kRowStep) {
+      kb[r * kVecPad + d] = ks[r * kRowPad + d] * exp2f(static_cast<float>(gamma_a - gamma[r * kPad + d]));
+    }
+    const bool factored = !steep[d];
+    for (int r = a + tid / D; r < a + kSub; r += kRowStep) {
+      const double gamma_r = gamma[r * kPad + d];
+      const float k_r = ks[r * kRowPad + d];
+      kb[r * kVecPad + d] = factored ? k_r * exp2f(static_cast<float>(gamma_a - gamma_r)) : 0.0f;
+      const float f = exp2f(static_cast<float>(gamma_r - gamma_a));
+      qa[(r - a) * kVecPad + d] = qs[r * kRowPad + d] * f;
+      ka[(r - a) * kVecPad + d] = k_r * f;
     }
     __syncthreads();
     // [kSub, D]·[D, a + kSub] products on the tensor cores (mma_tf32x3, fp32-class), a warp per (Aqk or
@@ -346,11 +349,11 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
     const double gamma_i = gamma[i * kPad + d];
     const float from_start = exp2f(static_cast<float>(gamma_i));  // exp(Γ_i)
     const int64_t at = token_head(i) * D + d;
-    p.qg[at] = qs[i * kPad + d] * from_start;
-    p.kg[at] = ks[i * kPad + d] * exp2f(static_cast<float>(gamma[(m - 1) * kPad + d] - gamma_i));
+    p.qg[at] = qs[i * kRowPad + d] * from_start;
+    p.kg[at] = ks[i * kRowPad + d] * exp2f(static_cast<float>(gamma[(m - 1) * kPad + d] - gamma_i));
     if (i == m - 1) p.decay[token_head(0) * D + d] = from_start;
-    qs[i * kPad + d] = beta[i] * v_in[n];
-    ks[i * kPad + d] = beta[i] * ks[i * kPad + d] * from_start;
+    qs[i * kRowPad + d] = beta[i] * v_in[n];
+    ks[i * kRowPad + d] = beta[i] * ks[i * kRowPad + d] * from_start;
   }
   __syncthreads();
 
@@ -365,9 +368,9 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
     for (int i0 = 0; i0 < m; i0 += kSubstRows) {
       float acc[kSubstRows];
 #pragma unroll
-      for (int r = 0; r < kSubstRows; ++r) acc[r] = x[(i0 + r) * kPad + e];
+      for (int r = 0; r < kSubstRows; ++r) acc[r] = x[(i0 + r) * kRowPad + e];
       for (int j = 0; j < i0; ++j) {
-        const float xj = x[j * kPad + e];
+        const float xj = x[j * kRowPad + e];
         const float4 c0 = *reinterpret_cast<const float4*>(akk_t + j * kAkkPad + i0);
         const float4 c1 = *reinterpret_cast<const float4*>(akk_t + j * kAkkPad + i0 + 4);
         acc[0] -= c0.x * xj;
@@ -384,7 +387,7 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
 #pragma unroll
         for (int jr = 0; jr < r; ++jr) acc[r] -= akk_t[(i0 + jr) * kAkkPad + i0 + r] * acc[jr];
         if (i0 + r < m) {
-          x[(i0 + r) * kPad + e] = acc[r];
+          x[(i0 + r) * kRowPad + e] = acc[r];
           dst[token_head(i0 + r) * D + e] = acc[r];
         }
       }
