@@ -24,12 +24,12 @@
 // (per row and anchor; channels too steep to factor add theirs per pair), and ≈ 16 K for the two forward
 // substitutions; kernel 2 ≈ 104 K (W·S, QG·S and the state update at 32 K each, Aqk·Vn 8 K): ≈ 37 GFLOP at 32
 // heads and 8K tokens, compute and latency bound, not memory bound (kernel 2 at batch 1: 128 CTAs, 128 chunks
-// in sequence). Measured on an H200 (kernel_bench --kda-prefill, 8K tokens, batch 1): 1.81 ms, kernel 1 1.07
-// and kernel 2 0.70 (ncu), where fla chunk_kda took 1.40 ms in an earlier job of tools/bench_kernels.py
-// (docs/benchmarks.md). Kernel 1's cycles per CTA (clock64, ≈ 63 K): input loads and q̂, k̂ 15.5 K (mostly
-// waiting on the loads: one CTA per SM), Γ 4 K, the anchored products 21 K (5.6 K of it their operands), the
-// forward substitutions (a dependent chain per column) 17 K; a bf16 workspace and segment parallelism across
-// a sequence at batch 1 are the other levers (KERNELS.md §4.2).
+// in sequence). Measured on an H200 (kernel_bench --kda-prefill, 8K tokens, batch 1): 1.75 ms (kernel 1
+// 1.07 and kernel 2 0.70 under ncu, before the unconditional input loads), where fla chunk_kda took 1.40 ms
+// in an earlier job of tools/bench_kernels.py (docs/benchmarks.md). Kernel 1's cycles per CTA (clock64, ≈ 59
+// K): input loads and q̂, k̂ 10 K (mostly waiting on the loads: one CTA per SM), Γ 4 K, the anchored products
+// 21 K (5.6 K of it their operands), the forward substitutions (a dependent chain per column) 17 K; a bf16
+// workspace and segment parallelism across a sequence at batch 1 are the other levers (KERNELS.md §4.2).
 #include <algorithm>
 #include <type_traits>
 
@@ -153,24 +153,28 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
 
   // Every global input of the chunk is loaded up front, before any of it is used, so that the CTA waits
   // for one round trip to memory rather than one per row (one CTA per SM: nothing else hides it).
-  // v, for the right sides of the substitutions, stays in registers until then.
+  // v, for the right sides of the substitutions, stays in registers until then. Rows past the chunk's end
+  // read its last row instead (never used): an unconditional load, where a conditional one compiled to a
+  // branch around each load and its conversion, which waited for it (ncu: a round trip per load).
   constexpr int kPerThread = (kChunk * D + kThreads - 1) / kThreads;
   constexpr int kRowsPerWarp = (kChunk + kWarps - 1) / kWarps, kPerLane = 4;  // 4 adjacent channels a lane
-  float v_in[kPerThread], g_in[kPerThread];
+  static_assert(kPerThread * kThreads == kChunk * D);
+  XT v_in[kPerThread];
+  float g_in[kPerThread];
 #pragma unroll
   for (int n = 0; n < kPerThread; ++n) {
     const int e = tid + n * kThreads;
-    const bool valid = e < m * D;
-    v_in[n] = valid ? to_float(p.v[token_head(e / D) * D + e % D]) : 0.0f;
-    g_in[n] = valid ? p.g[token_head(e / D) * D + e % D] : 0.0f;
+    const int64_t at = token_head(min(e / D, m - 1)) * D + e % D;
+    v_in[n] = p.v[at];
+    g_in[n] = p.g[at];
   }
   static_assert(D % kPerLane == 0 && D / kPerLane <= 32);
   float q_in[kRowsPerWarp][kPerLane] = {}, k_in[kRowsPerWarp][kPerLane] = {};  // rows warp + r·kWarps
   const int lane_d = kPerLane * lane;                                          // channels lane_d ..
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
-    const int i = warp + r * kWarps;
-    if (i < m && lane_d < D) {
+    const int i = min(warp + r * kWarps, m - 1);
+    if (lane_d < D) {
       load_floats(p.q + token_head(i) * D + lane_d, q_in[r]);
       load_floats(p.k + token_head(i) * D + lane_d, k_in[r]);
     }
@@ -352,7 +356,7 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
     p.qg[at] = qs[i * kRowPad + d] * from_start;
     p.kg[at] = ks[i * kRowPad + d] * exp2f(static_cast<float>(gamma[(m - 1) * kPad + d] - gamma_i));
     if (i == m - 1) p.decay[token_head(0) * D + d] = from_start;
-    qs[i * kRowPad + d] = beta[i] * v_in[n];
+    qs[i * kRowPad + d] = beta[i] * to_float(v_in[n]);
     ks[i * kRowPad + d] = beta[i] * ks[i * kRowPad + d] * from_start;
   }
   __syncthreads();
