@@ -31,7 +31,6 @@
 // 21 K (5.6 K of it their operands), the forward substitutions (a dependent chain per column) 17 K; a bf16
 // workspace and segment parallelism across a sequence at batch 1 are the other levers (KERNELS.md §4.2).
 #include <algorithm>
-#include <type_traits>
 
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/device_math.cuh"
@@ -450,26 +449,28 @@ __device__ __forceinline__ void load_split_b(Tf32Frag<2> (&b)[2], const uint32_t
   }
 }
 
-// acc + corr += A·B over one k-step of 8 for a warp's 16 x 16 tile: A's fragment given in fp32, B's two
-// fragments read split from rows k0 .. k0 + 7, columns n0 .. n0 + 15 of [k][kColPad]. kExact: three tf32
-// products (mma_tf32x3); otherwise one (mma_tf32x1, B's big part only, corr untouched), for the products
-// that reach only the bf16 output.
-template <int kColPad, bool kExact>
+// acc + corr += A·B over one k-step of 8 for a warp's 16 x 16 tile, three tf32 products (mma_tf32x3): A's
+// fragment given in fp32, B's two fragments read split from rows k0 .. k0 + 7, columns n0 .. n0 + 15 of
+// [k][kColPad].
+template <int kColPad>
 __device__ __forceinline__ void mma_tile_step(float (&acc)[2][4], float (&corr)[2][4], const float (&a)[4],
                                               const uint32_t* big, const uint32_t* small, int k0, int n0,
                                               int g, int t) {
-  if constexpr (kExact) {
-    const Tf32Frag<4> af = split_tf32(a);
-    Tf32Frag<2> b[2];
-    load_split_b<kColPad>(b, big, small, k0, n0, g, t);
-    mma_tf32x3(acc[0], corr[0], af, b[0]);
-    mma_tf32x3(acc[1], corr[1], af, b[1]);
-  } else {
+  const Tf32Frag<4> af = split_tf32(a);
+  Tf32Frag<2> b[2];
+  load_split_b<kColPad>(b, big, small, k0, n0, g, t);
+  mma_tf32x3(acc[0], corr[0], af, b[0]);
+  mma_tf32x3(acc[1], corr[1], af, b[1]);
+}
+// The same on one tf32 pass (mma_tf32x1, B's big part only), for the products that reach only the bf16
+// output.
+template <int kColPad>
+__device__ __forceinline__ void mma_tile_step_x1(float (&acc)[2][4], const float (&a)[4], const uint32_t* big,
+                                                 int k0, int n0, int g, int t) {
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const int at = (k0 + t) * kColPad + n0 + 8 * nt + g;
-      mma_tf32x1(acc[nt], a, {big[at], big[at + 4 * kColPad]});
-    }
+  for (int nt = 0; nt < 2; ++nt) {
+    const int at = (k0 + t) * kColPad + n0 + 8 * nt + g;
+    mma_tf32x1(acc[nt], a, {big[at], big[at + 4 * kColPad]});
   }
 }
 
@@ -602,29 +603,28 @@ __global__ void __launch_bounds__(kChainThreads) kda_chain_kernel(KdaPrefillPara
 
     float acc[2][4] = {};  // W·S or O: tile nt at rows r0 + g (+ 8), columns n0 + 8 nt + 2t (+ 1)
     if (has_out) {
-      float corr[2][4] = {};
-      // W·S feeds the state, exactly; QG·S only the output.
-      auto first_product = [&](const float* a_rows, auto exact) {
+      if (is_w) {  // Vn = U − W·S, exact: it feeds the state
+        float corr[2][4] = {};
 #pragma unroll
         for (int k0 = 0; k0 < D; k0 += 8) {
           float a[4];
-          load_tf32_a(a, a_rows + k0, kRowPad, 1, g, t);
-          mma_tile_step<kColPad, decltype(exact)::value>(acc, corr, a, st_big, st_small, k0, n0, g, t);
+          load_tf32_a(a, w_sh + r0 * kRowPad + k0, kRowPad, 1, g, t);
+          mma_tile_step<kColPad>(acc, corr, a, st_big, st_small, k0, n0, g, t);
         }
-      };
-      if (is_w) {
-        first_product(w_sh + r0 * kRowPad, std::true_type{});
-      } else {
-        first_product(qg_sh + r0 * kRowPad, std::false_type{});
-      }
-      add_tiles(acc, corr);
-      if (is_w) {  // Vn = U − W·S
+        add_tiles(acc, corr);
         for_tile_pairs(r0, n0, g, t, [&](int nt, int half, int row, int col) {
           const float2 u = *reinterpret_cast<const float2*>(u_sh + row * kColPad + col);
           acc[nt][2 * half] = u.x - acc[nt][2 * half];
           acc[nt][2 * half + 1] = u.y - acc[nt][2 * half + 1];
         });
         store_split<kColPad>(vn_big, vn_small, acc, r0, n0, g, t);
+      } else {  // O = QG·S, one pass: it reaches only the output
+#pragma unroll
+        for (int k0 = 0; k0 < D; k0 += 8) {
+          float a[4];
+          load_tf32_a(a, qg_sh + r0 * kRowPad + k0, kRowPad, 1, g, t);
+          mma_tile_step_x1<kColPad>(acc, a, st_big, k0, n0, g, t);
+        }
       }
     }
     __syncthreads();  // all of Vn; W, QG and U are free
@@ -633,7 +633,6 @@ __global__ void __launch_bounds__(kChainThreads) kda_chain_kernel(KdaPrefillPara
     __syncthreads();
 
     if (has_out && !is_w && r0 < m) {
-      float corr[2][4] = {};
       for (int k0 = 0; k0 < r0 + 16; k0 += 8) {
         float a[4];
         load_tf32_a(a, aqk_sh + r0 * kAqkPad + k0, kAqkPad, 1, g, t);
@@ -643,7 +642,7 @@ __global__ void __launch_bounds__(kChainThreads) kda_chain_kernel(KdaPrefillPara
             if (k0 + t + 4 * (e / 2) > r0 + g + 8 * (e % 2)) a[e] = 0.0f;
           }
         }
-        mma_tile_step<kColPad, false>(acc, corr, a, vn_big, vn_small, k0, n0, g, t);
+        mma_tile_step_x1<kColPad>(acc, a, vn_big, k0, n0, g, t);
       }
       for_tile_pairs(r0, n0, g, t, [&](int nt, int half, int i, int col) {
         if (i < m) {
@@ -664,7 +663,7 @@ __global__ void __launch_bounds__(kChainThreads) kda_chain_kernel(KdaPrefillPara
       for (int k0 = 0; k0 < kChunk; k0 += 8) {  // rows past the chunk's end are zeros
         float a[4];
         load_tf32_a(a, kg_sh + k0 * kKgPad + d0, 1, kKgPad, g, t);  // KGᵀ: element (d, j) is KG[j][d]
-        mma_tile_step<kColPad, true>(c, corr, a, vn_big, vn_small, k0, s0, g, t);
+        mma_tile_step<kColPad>(c, corr, a, vn_big, vn_small, k0, s0, g, t);
       }
       add_tiles(c, corr);
       for_tile_pairs(d0, s0, g, t, [&](int nt, int half, int d, int col) {

@@ -1,5 +1,5 @@
 // Tensor-core fragments shared by the GEMMs (moe_experts.cu, moe_tiled_gemm.cu, skinny_gemm.cu) and KDA
-// prefill's chain (kda_prefill.cu): the mma.sync m16n8k16 bf16 and m16n8k8 tf32 wrappers, the tf32 split
+// prefill (kda_prefill.cu): the mma.sync m16n8k16 bf16 and m16n8k8 tf32 wrappers, the tf32 split
 // that keeps fp32-class accuracy, the shared-memory fragment loads and the streaming weight load.
 #pragma once
 
