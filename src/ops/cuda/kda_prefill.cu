@@ -315,15 +315,23 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
       const int j0 = 8 * (task % col_tiles);
       const float* a_rows = is_q ? qa : ka;
       float c[4] = {}, corr[4] = {};  // rows a + g (+ 8), columns j0 + 2t (+ 1)
-#pragma unroll 4
-      for (int k0 = 0; k0 < D; k0 += 8) {
-        float af[4], bf[2];
-        load_tf32_a(af, a_rows + k0, kVecPad, 1, g, t);
-        load_tf32_b(bf, kb + j0 * kVecPad + k0, 1, kVecPad, g, t);  // element (d, j) is kb[j][d]
-        if (is_q) {  // Aqk reaches only the bf16 output: one tf32 pass
-          mma_tf32x1(c, af, {round_tf32(bf[0]), round_tf32(bf[1])});
-        } else {
-          mma_tf32x3(c, corr, split_tf32(af), split_tf32(bf));
+      // Fragments by ldmatrix: A from [kSub][kVecPad], B from kb as [n = j][k = d], two k-steps per load.
+      const unsigned a_addr = smem_addr(a_rows + ldsm_tf32_a_offset(lane, kVecPad));
+      const unsigned b_addr = smem_addr(kb + j0 * kVecPad + ldsm_tf32_b1_offset(lane, kVecPad));
+#pragma unroll 2
+      for (int k0 = 0; k0 < D; k0 += 16) {
+        uint32_t bq[4];
+        ldsm_x4(bq, b_addr + 4 * k0);
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          float af[4];
+          ldsm_tf32_a(af, a_addr + 4 * (k0 + 8 * s));
+          const float bf[2] = {__uint_as_float(bq[2 * s]), __uint_as_float(bq[2 * s + 1])};
+          if (is_q) {  // Aqk reaches only the bf16 output: one tf32 pass
+            mma_tf32x1(c, af, {round_tf32(bf[0]), round_tf32(bf[1])});
+          } else {
+            mma_tf32x3(c, corr, split_tf32(af), split_tf32(bf));
+          }
         }
       }
 #pragma unroll
@@ -411,9 +419,10 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
 //  - Vn = U − W·S (warps 0 .. kOutTasks − 1) or O = QG·S (the next kOutTasks), row tile w % kRowTiles,
 //    column pair (w / kRowTiles) % kColPairs; the O warps then add Aqk·Vn on the same tile;
 //  - the state update on the tiles of [D, kCols], warp, warp + 16, ...
-// Rows are padded so that every fragment load of a warp hits 32 distinct banks: 4 (mod 32) for the rows
-// that lanes t walk along k (W, QG, Aqk), 8 for the rows that lanes t walk across (S, U, Vn, and KG, read
-// transposed).
+// The fragments of W, QG and Aqk (A) and of the split S and Vn (B) come by ldmatrix (mma.cuh), for which S's
+// and Vn's parts are stored transposed ([column][k]); KG's, read transposed, by scalar loads. Rows are padded
+// so that no load of a warp meets a bank conflict: by 4 words (an odd multiple of 16 bytes mod 128) for the
+// ldmatrix rows, by 8 (mod 32) for the rows that lanes t walk across (the fp32 S, U, and KG).
 template <int D>
 struct ChainTile {
   static constexpr int kCols = D < 32 ? D : 32;
@@ -423,55 +432,46 @@ struct ChainTile {
   static constexpr int kStateTasks = D / 16 * kColPairs;   // 16 x 16 tiles of [D, kCols]
   static constexpr int kRowPad = D + 4;                    // W, QG
   static constexpr int kKgPad = D + 8;                     // KG
-  static constexpr int kColPad = kCols + 8;                // S, U, Vn
+  static constexpr int kColPad = kCols + 8;                // S (fp32), U
   static constexpr int kAqkPad = kChunk + 4;
+  static constexpr int kStPad = D + 4;      // S's tf32 parts, transposed
+  static constexpr int kVnPad = kChunk + 4;  // Vn's tf32 parts, transposed
   static_assert(D % 16 == 0 && D % kCols == 0 && 2 * kOutTasks <= kChainThreads / 32);
-  // Shared memory (4-byte words): the state slice as fp32, tf32 big and tf32 small [D][kColPad] each, W and
-  // QG [C][kRowPad], KG [C][kKgPad], U [C][kColPad], Vn as tf32 big and small [C][kColPad] each, Aqk
-  // [C][kAqkPad], exp(Γ_last) [D].
-  static constexpr int kWords =
-      3 * D * kColPad + 2 * kChunk * kRowPad + kChunk * kKgPad + 3 * kChunk * kColPad + kChunk * kAqkPad + D;
+  // Shared memory (4-byte words): the state slice as fp32 [D][kColPad] and as tf32 big and small parts
+  // transposed [kCols][kStPad] each, W and QG [C][kRowPad], KG [C][kKgPad], U [C][kColPad], Vn as tf32 big
+  // and small parts transposed [kCols][kVnPad] each, Aqk [C][kAqkPad], exp(Γ_last) [D].
+  static constexpr int kWords = D * kColPad + 2 * kCols * kStPad + 2 * kChunk * kRowPad + kChunk * kKgPad +
+                                kChunk * kColPad + 2 * kCols * kVnPad + kChunk * kAqkPad + D;
   static constexpr size_t kSmemBytes = sizeof(float) * kWords;
 };
 
-// The B fragments of the two m16n8 tiles at columns n0 and n0 + 8 of a split [k][kColPad] operand, rows
-// k0 .. k0 + 7.
-template <int kColPad>
-__device__ __forceinline__ void load_split_b(Tf32Frag<2> (&b)[2], const uint32_t* big, const uint32_t* small,
-                                             int k0, int n0, int g, int t) {
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
-    const int at = (k0 + t) * kColPad + n0 + 8 * nt + g;
-    b[nt].big[0] = big[at];
-    b[nt].big[1] = big[at + 4 * kColPad];
-    b[nt].small[0] = small[at];
-    b[nt].small[1] = small[at + 4 * kColPad];
-  }
+// The B fragments of the two m16n8 tiles n0 .. n0 + 15 of a split operand stored transposed ([n][k], its
+// big and small parts), k0 .. k0 + 7: one ldmatrix each, from the lane's addresses for that tile and k-step.
+__device__ __forceinline__ void load_split_b(Tf32Frag<2> (&b)[2], unsigned big, unsigned small) {
+  uint32_t r[4];
+  ldsm_x4(r, big);
+  b[0].big[0] = r[0], b[0].big[1] = r[1], b[1].big[0] = r[2], b[1].big[1] = r[3];
+  ldsm_x4(r, small);
+  b[0].small[0] = r[0], b[0].small[1] = r[1], b[1].small[0] = r[2], b[1].small[1] = r[3];
 }
 
 // acc + corr += A·B over one k-step of 8 for a warp's 16 x 16 tile, three tf32 products (mma_tf32x3): A's
-// fragment given in fp32, B's two fragments read split from rows k0 .. k0 + 7, columns n0 .. n0 + 15 of
-// [k][kColPad].
-template <int kColPad>
+// fragment given in fp32, B's two fragments loaded split (load_split_b).
 __device__ __forceinline__ void mma_tile_step(float (&acc)[2][4], float (&corr)[2][4], const float (&a)[4],
-                                              const uint32_t* big, const uint32_t* small, int k0, int n0,
-                                              int g, int t) {
+                                              unsigned big, unsigned small) {
   const Tf32Frag<4> af = split_tf32(a);
   Tf32Frag<2> b[2];
-  load_split_b<kColPad>(b, big, small, k0, n0, g, t);
+  load_split_b(b, big, small);
   mma_tf32x3(acc[0], corr[0], af, b[0]);
   mma_tf32x3(acc[1], corr[1], af, b[1]);
 }
 // The same on one tf32 pass (mma_tf32x1, B's big part only), for the products that reach only the bf16
 // output.
-template <int kColPad>
-__device__ __forceinline__ void mma_tile_step_x1(float (&acc)[2][4], const float (&a)[4], const uint32_t* big,
-                                                 int k0, int n0, int g, int t) {
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
-    const int at = (k0 + t) * kColPad + n0 + 8 * nt + g;
-    mma_tf32x1(acc[nt], a, {big[at], big[at + 4 * kColPad]});
-  }
+__device__ __forceinline__ void mma_tile_step_x1(float (&acc)[2][4], const float (&a)[4], unsigned big) {
+  uint32_t r[4];
+  ldsm_x4(r, big);
+  mma_tf32x1(acc[0], a, {r[0], r[1]});
+  mma_tf32x1(acc[1], a, {r[2], r[3]});
 }
 
 // Calls f(nt, half, row, col) for each pair of accumulator elements a lane holds of a warp's two m16n8
@@ -487,14 +487,18 @@ __device__ __forceinline__ void for_tile_pairs(int r0, int n0, int g, int t, F&&
 }
 
 // Writes an accumulator pair (two m16n8 tiles at rows r0 + g, r0 + g + 8 and columns n0 + 2t, n0 + 8 + 2t)
-// split into big and small parts at [row][kColPad].
-template <int kColPad>
-__device__ __forceinline__ void store_split(uint32_t* big, uint32_t* small, const float (&c)[2][4], int r0,
-                                            int n0, int g, int t) {
+// split into big and small parts, transposed (element (row, col) at [col][kLd] + row): the [n][k] layout
+// that load_split_b reads.
+template <int kLd>
+__device__ __forceinline__ void store_split_t(uint32_t* big, uint32_t* small, const float (&c)[2][4], int r0,
+                                              int n0, int g, int t) {
   for_tile_pairs(r0, n0, g, t, [&](int nt, int half, int row, int col) {
     const Tf32Frag<2> f = split_tf32({c[nt][2 * half], c[nt][2 * half + 1]});
-    *reinterpret_cast<uint2*>(big + row * kColPad + col) = make_uint2(f.big[0], f.big[1]);
-    *reinterpret_cast<uint2*>(small + row * kColPad + col) = make_uint2(f.small[0], f.small[1]);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      big[(col + e) * kLd + row] = f.big[e];
+      small[(col + e) * kLd + row] = f.small[e];
+    }
   });
 }
 
@@ -537,34 +541,34 @@ template <int D, class XT>
 __global__ void __launch_bounds__(kChainThreads) kda_chain_kernel(KdaPrefillParams<XT> p) {
   using Tile = ChainTile<D>;
   constexpr int kCols = Tile::kCols, kRowPad = Tile::kRowPad, kKgPad = Tile::kKgPad, kColPad = Tile::kColPad,
-                kAqkPad = Tile::kAqkPad, kWarps = kChainThreads / 32;
+                kAqkPad = Tile::kAqkPad, kStPad = Tile::kStPad, kVnPad = Tile::kVnPad, kWarps = kChainThreads / 32;
   extern __shared__ __align__(16) float chain_smem[];
-  float* st = chain_smem;                                                   // [D][kColPad] the state slice
-  uint32_t* st_big = reinterpret_cast<uint32_t*>(st + D * kColPad);         // [D][kColPad] its tf32 parts
-  uint32_t* st_small = st_big + D * kColPad;                                // [D][kColPad]
-  float* w_sh = reinterpret_cast<float*>(st_small + D * kColPad);           // [C][kRowPad]
+  float* st = chain_smem;                                              // [D][kColPad] the state slice
+  uint32_t* st_big = reinterpret_cast<uint32_t*>(st + D * kColPad);    // [kCols][kStPad] its tf32 parts, Sᵀ
+  uint32_t* st_small = st_big + kCols * kStPad;                        // [kCols][kStPad]
+  float* w_sh = reinterpret_cast<float*>(st_small + kCols * kStPad);   // [C][kRowPad]
   float* qg_sh = w_sh + kChunk * kRowPad;                                   // [C][kRowPad]
   float* kg_sh = qg_sh + kChunk * kRowPad;                                  // [C][kKgPad]
   float* u_sh = kg_sh + kChunk * kKgPad;                                    // [C][kColPad]
-  uint32_t* vn_big = reinterpret_cast<uint32_t*>(u_sh + kChunk * kColPad);  // [C][kColPad] Vn's tf32 parts
-  uint32_t* vn_small = vn_big + kChunk * kColPad;                           // [C][kColPad]
-  float* aqk_sh = reinterpret_cast<float*>(vn_small + kChunk * kColPad);    // [C][kAqkPad], entries j ≤ i
+  uint32_t* vn_big = reinterpret_cast<uint32_t*>(u_sh + kChunk * kColPad);  // [kCols][kVnPad] Vnᵀ's tf32 parts
+  uint32_t* vn_small = vn_big + kCols * kVnPad;                             // [kCols][kVnPad]
+  float* aqk_sh = reinterpret_cast<float*>(vn_small + kCols * kVnPad);      // [C][kAqkPad], entries j ≤ i
   float* decay_sh = aqk_sh + kChunk * kAqkPad;                              // [D]
 
   const int h = blockIdx.y;
   const Span span = load_span(p.table, blockIdx.z);
   const int count = min(span.count, p.max_tokens);
   if (span.slot < 0 || count <= 0) return;
-  const int tid = threadIdx.x, warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int col0 = blockIdx.x * kCols;
   float* state = p.state + (static_cast<int64_t>(span.slot) * p.heads + h) * D * D;  // [D, D]
   for (int x = tid; x < D * kCols; x += kChainThreads) {
-    const int at = (x / kCols) * kColPad + x % kCols;
-    const float s = state[(x / kCols) * D + col0 + x % kCols];
+    const int d = x / kCols, col = x % kCols;
+    const float s = state[d * D + col0 + col];
     const Tf32Frag<1> f = split_tf32({s});
-    st[at] = s;
-    st_big[at] = f.big[0];
-    st_small[at] = f.small[0];
+    st[d * kColPad + col] = s;
+    st_big[col * kStPad + d] = f.big[0];
+    st_small[col * kStPad + d] = f.small[0];
   }
 
   // Index of (row i of the chunk starting at token c0, head h) in [T, H, ...].
@@ -596,6 +600,14 @@ __global__ void __launch_bounds__(kChainThreads) kda_chain_kernel(KdaPrefillPara
   // The warp's tile of the first products: rows r0 .. r0 + 15, columns n0 .. n0 + 15 of W·S (is_w) or QG·S.
   const bool has_out = warp < 2 * Tile::kOutTasks, is_w = warp < Tile::kOutTasks;
   const int r0 = 16 * (warp % Tile::kRowTiles), n0 = 16 * (warp / Tile::kRowTiles % Tile::kColPairs);
+  // The lane's ldmatrix addresses (bytes) at k = 0: its A rows of the tile (W or QG, and Aqk) and its B
+  // rows of Sᵀ and Vnᵀ for the tile's columns; a k-step adds 4·k0.
+  const unsigned a_first = smem_addr((is_w ? w_sh : qg_sh) + r0 * kRowPad + ldsm_tf32_a_offset(lane, kRowPad));
+  const unsigned a_aqk = smem_addr(aqk_sh + r0 * kAqkPad + ldsm_tf32_a_offset(lane, kAqkPad));
+  const int st_lane = ldsm_tf32_b2_offset(lane, kStPad), vn_lane = ldsm_tf32_b2_offset(lane, kVnPad);
+  const unsigned b_st_big = smem_addr(st_big + n0 * kStPad + st_lane);
+  const unsigned b_st_small = smem_addr(st_small + n0 * kStPad + st_lane);
+  const unsigned b_vn_big = smem_addr(vn_big + n0 * kVnPad + vn_lane);
   for (int c0 = 0; c0 < count; c0 += kChunk) {
     const int m = min(kChunk, count - c0);
     cp_async_wait<1>();  // group A of this chunk (group B may still be in flight)
@@ -608,8 +620,8 @@ __global__ void __launch_bounds__(kChainThreads) kda_chain_kernel(KdaPrefillPara
 #pragma unroll
         for (int k0 = 0; k0 < D; k0 += 8) {
           float a[4];
-          load_tf32_a(a, w_sh + r0 * kRowPad + k0, kRowPad, 1, g, t);
-          mma_tile_step<kColPad>(acc, corr, a, st_big, st_small, k0, n0, g, t);
+          ldsm_tf32_a(a, a_first + 4 * k0);
+          mma_tile_step(acc, corr, a, b_st_big + 4 * k0, b_st_small + 4 * k0);
         }
         add_tiles(acc, corr);
         for_tile_pairs(r0, n0, g, t, [&](int nt, int half, int row, int col) {
@@ -617,13 +629,13 @@ __global__ void __launch_bounds__(kChainThreads) kda_chain_kernel(KdaPrefillPara
           acc[nt][2 * half] = u.x - acc[nt][2 * half];
           acc[nt][2 * half + 1] = u.y - acc[nt][2 * half + 1];
         });
-        store_split<kColPad>(vn_big, vn_small, acc, r0, n0, g, t);
+        store_split_t<kVnPad>(vn_big, vn_small, acc, r0, n0, g, t);
       } else {  // O = QG·S, one pass: it reaches only the output
 #pragma unroll
         for (int k0 = 0; k0 < D; k0 += 8) {
           float a[4];
-          load_tf32_a(a, qg_sh + r0 * kRowPad + k0, kRowPad, 1, g, t);
-          mma_tile_step_x1<kColPad>(acc, a, st_big, k0, n0, g, t);
+          ldsm_tf32_a(a, a_first + 4 * k0);
+          mma_tile_step_x1(acc, a, b_st_big + 4 * k0);
         }
       }
     }
@@ -635,14 +647,14 @@ __global__ void __launch_bounds__(kChainThreads) kda_chain_kernel(KdaPrefillPara
     if (has_out && !is_w && r0 < m) {
       for (int k0 = 0; k0 < r0 + 16; k0 += 8) {
         float a[4];
-        load_tf32_a(a, aqk_sh + r0 * kAqkPad + k0, kAqkPad, 1, g, t);
+        ldsm_tf32_a(a, a_aqk + 4 * k0);
         if (k0 >= r0) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {  // rows r0 + g (+ 8 for e odd), columns k0 + t (+ 4 for e ≥ 2)
             if (k0 + t + 4 * (e / 2) > r0 + g + 8 * (e % 2)) a[e] = 0.0f;
           }
         }
-        mma_tile_step_x1<kColPad>(acc, a, vn_big, k0, n0, g, t);
+        mma_tile_step_x1(acc, a, b_vn_big + 4 * k0);
       }
       for_tile_pairs(r0, n0, g, t, [&](int nt, int half, int i, int col) {
         if (i < m) {
@@ -653,6 +665,8 @@ __global__ void __launch_bounds__(kChainThreads) kda_chain_kernel(KdaPrefillPara
     }
     for (int task = warp; task < Tile::kStateTasks; task += kWarps) {
       const int d0 = 16 * (task / Tile::kColPairs), s0 = 16 * (task % Tile::kColPairs);
+      const unsigned b_big = smem_addr(vn_big + s0 * kVnPad + vn_lane);
+      const unsigned b_small = smem_addr(vn_small + s0 * kVnPad + vn_lane);
       float c[2][4], corr[2][4] = {};  // state tile nt at rows d0 + g (+ 8), columns s0 + 8 nt + 2t (+ 1)
       for_tile_pairs(d0, s0, g, t, [&](int nt, int half, int d, int col) {
         const float2 s = *reinterpret_cast<const float2*>(st + d * kColPad + col);
@@ -663,14 +677,14 @@ __global__ void __launch_bounds__(kChainThreads) kda_chain_kernel(KdaPrefillPara
       for (int k0 = 0; k0 < kChunk; k0 += 8) {  // rows past the chunk's end are zeros
         float a[4];
         load_tf32_a(a, kg_sh + k0 * kKgPad + d0, 1, kKgPad, g, t);  // KGᵀ: element (d, j) is KG[j][d]
-        mma_tile_step<kColPad>(c, corr, a, vn_big, vn_small, k0, s0, g, t);
+        mma_tile_step(c, corr, a, b_big + 4 * k0, b_small + 4 * k0);
       }
       add_tiles(c, corr);
       for_tile_pairs(d0, s0, g, t, [&](int nt, int half, int d, int col) {
         *reinterpret_cast<float2*>(st + d * kColPad + col) =
             make_float2(c[nt][2 * half], c[nt][2 * half + 1]);
       });
-      store_split<kColPad>(st_big, st_small, c, d0, s0, g, t);
+      store_split_t<kStPad>(st_big, st_small, c, d0, s0, g, t);
     }
     __syncthreads();  // KG, Aqk and exp(Γ_last) are free
     stage_b(c0 + kChunk);

@@ -38,6 +38,36 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
                : "memory");
 }
 
+// ldmatrix on 32-bit data: an 8x8 b16 matrix is 8 rows of 4 words, and lane 4g + t receives word t of row g,
+// which is the layout of the m16n8k8 tf32 fragments below (A: row g or g + 8 at k = t or t + 4; B: column g
+// at k = t or t + 4, from an [n][k] array). So one ldmatrix.x4 loads an A fragment, or the B fragments of
+// two n8 tiles, where scalar loads took four or eight instructions. Lane l gives the address of row l & 7 of
+// matrix l >> 3: its base plus the lane offset below. Rows whose stride is an odd multiple of 16 bytes
+// (mod 128) keep each matrix's 8 rows in distinct banks.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+// Lane offset, in words, for the A fragment of rows 0 .. 15 and k 0 .. 7 of a row-major fp32 array with row
+// stride ld: matrices (rows 0-7, k 0-3), (rows 8-15, k 0-3), (rows 0-7, k 4-7), (rows 8-15, k 4-7) are
+// a[0] .. a[3].
+__device__ __forceinline__ int ldsm_tf32_a_offset(int lane, int ld) {
+  return ((lane & 7) + 8 * ((lane >> 3) & 1)) * ld + 4 * (lane >> 4);
+}
+// Lane offset for the B fragments of n 0 .. 15 (two n8 tiles) and k 0 .. 7 of an [n][k] fp32 array with
+// row stride ld: matrices (n 0-7, k 0-3), (n 0-7, k 4-7), (n 8-15, k 0-3), (n 8-15, k 4-7) are tile 0's
+// b[0], b[1], then tile 1's.
+__device__ __forceinline__ int ldsm_tf32_b2_offset(int lane, int ld) {
+  return ((lane & 7) + 8 * (lane >> 4)) * ld + 4 * ((lane >> 3) & 1);
+}
+
+// Lane offset for the B fragments of one n8 tile over two k-steps (n 0 .. 7, k 0 .. 15) of an [n][k] fp32
+// array with row stride ld: matrices (k 0-3), (k 4-7), (k 8-11), (k 12-15) are the first k-step's b[0], b[1],
+// then the second's.
+__device__ __forceinline__ int ldsm_tf32_b1_offset(int lane, int ld) { return (lane & 7) * ld + 4 * (lane >> 3); }
+
 // mma.sync m16n8k8 (tf32 in, fp32 accumulate). Lane l = 4g + t holds A rows g and g + 8 at k = t (a0: row
 // g, a1: row g + 8) and k = t + 4 (a2, a3), B column g at k = t and t + 4 (b0, b1), and C as mma_bf16.
 __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
@@ -86,6 +116,14 @@ __device__ __forceinline__ void mma_tf32x3(float (&c)[4], float (&corr)[4], cons
 __device__ __forceinline__ void mma_tf32x1(float (&c)[4], const float (&a)[4], const uint32_t (&b)[2]) {
   const uint32_t ar[4] = {round_tf32(a[0]), round_tf32(a[1]), round_tf32(a[2]), round_tf32(a[3])};
   mma_tf32(c, ar, b);
+}
+
+// An A fragment of fp32 values by ldmatrix, from the lane's address (ldsm_tf32_a_offset).
+__device__ __forceinline__ void ldsm_tf32_a(float (&a)[4], unsigned addr) {
+  uint32_t r[4];
+  ldsm_x4(r, addr);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) a[e] = __uint_as_float(r[e]);
 }
 
 // The m16n8k8 A fragment of a 16 x 8 block of fp32 in shared memory whose element (row r, k) sits at
