@@ -22,6 +22,12 @@ __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool v
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                : "memory");
 }
+// 4 bytes global -> shared (through L1: cp.async.cg takes only 16); zero-filled when !valid (no read).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>  // wait until at most N of this thread's commit groups are still in flight
 __device__ __forceinline__ void cp_async_wait() {

@@ -66,7 +66,9 @@ __device__ __forceinline__ int ldsm_tf32_b2_offset(int lane, int ld) {
 // Lane offset for the B fragments of one n8 tile over two k-steps (n 0 .. 7, k 0 .. 15) of an [n][k] fp32
 // array with row stride ld: matrices (k 0-3), (k 4-7), (k 8-11), (k 12-15) are the first k-step's b[0], b[1],
 // then the second's.
-__device__ __forceinline__ int ldsm_tf32_b1_offset(int lane, int ld) { return (lane & 7) * ld + 4 * (lane >> 3); }
+__device__ __forceinline__ int ldsm_tf32_b1_offset(int lane, int ld) {
+  return (lane & 7) * ld + 4 * (lane >> 3);
+}
 
 // mma.sync m16n8k8 (tf32 in, fp32 accumulate). Lane l = 4g + t holds A rows g and g + 8 at k = t (a0: row
 // g, a1: row g + 8) and k = t + 4 (a2, a3), B column g at k = t and t + 4 (b0, b1), and C as mma_bf16.
