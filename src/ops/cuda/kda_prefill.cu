@@ -129,7 +129,10 @@ struct ChunkSmem {
 //  - the forward substitutions through the unit lower triangular (I + Akk): a thread per column of U or W
 //    (2D columns), kSubstRows rows at a time in registers: their terms of the earlier blocks' rows share
 //    each load of x_j (kSubstRows independent FMA chains instead of one), then the terms inside the block
-//    from the registers. Every row's terms are subtracted in j order, as in the CPU op.
+//    from the registers. Every row's terms are subtracted in j order, as in the CPU op. (Measured on an
+//    H200 and dropped: four lanes per column, each taking the rows j of one residue mod 4 and the sums
+//    added by shuffles, so that all 32 warps work: the kernel took 1.42 against 1.04 ms at 8K tokens,
+//    batch 1, under ncu.)
 template <int D, class XT, int kThreads>
 __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT> p, int chunks, int items) {
   constexpr int kWarps = kThreads / 32;
