@@ -25,12 +25,13 @@
 // (per row and anchor; channels too steep to factor add theirs per pair), and ≈ 16 K for the two forward
 // substitutions; kernel 2 ≈ 104 K (W·S, QG·S and the state update at 32 K each, Aqk·Vn 8 K): ≈ 37 GFLOP at 32
 // heads and 8K tokens, compute and latency bound, not memory bound (kernel 2 at batch 1: 128 CTAs, 128 chunks
-// in sequence). Measured on an H200 (kernel_bench --kda-prefill, 8K tokens, batch 1): 1.75 ms (kernel 1
-// 1.07 and kernel 2 0.70 under ncu, before the unconditional input loads), where fla chunk_kda took 1.40 ms
-// in an earlier job of tools/bench_kernels.py (docs/benchmarks.md). Kernel 1's cycles per CTA (clock64, ≈ 59
-// K): input loads and q̂, k̂ 10 K (mostly waiting on the loads: one CTA per SM), Γ 4 K, the anchored products
-// 21 K (5.6 K of it their operands), the forward substitutions (a dependent chain per column) 17 K; a bf16
-// workspace and segment parallelism across a sequence at batch 1 are the other levers (KERNELS.md §4.2).
+// in sequence). Measured on an H200 (kernel_bench --kda-prefill, 8K tokens, batch 1): 1.72-1.75 ms (kernel 1
+// 1.01-1.04 and kernel 2 0.66 under ncu), where fla chunk_kda took 1.43 ms (tools/bench_kernels.py, beside
+// this kernel before it was persistent at 1.74-1.76 ms; docs/benchmarks.md). Kernel 1's cycles per CTA before
+// it was persistent (clock64, ≈ 59 K): input loads and q̂, k̂ 10 K (the part the persistent form overlaps), Γ
+// 4 K, the anchored products 21 K (5.6 K of it their operands), the forward substitutions (a dependent chain
+// per column) 17 K; a bf16 workspace and segment parallelism across a sequence at batch 1 are the other
+// levers (KERNELS.md §4.2).
 #include <algorithm>
 
 #include "ops/cuda/async_copy.cuh"
