@@ -178,6 +178,8 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
     }
     return i;
   };
+  // Index in [T, H, ...] of the item's row i, or of its last row for i past its end.
+  auto row_head = [&](const Item& it, int i) { return (it.row0 + min(i, it.m - 1)) * p.heads + it.h; };
   // The item's q, k, g rows and β into shared memory (rows past its end zero-filled), as one commit group.
   auto stage_inputs = [&](const Item& it) {
     constexpr int kXtPer = 16 / sizeof(XT), kXtPieces = D / kXtPer;  // 16-byte pieces of a q or k row
@@ -185,7 +187,7 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
     for (int n = 0; n < (kChunk * kXtPieces + kThreads - 1) / kThreads; ++n) {
       const int x = tid + n * kThreads, i = x / kXtPieces, c = x % kXtPieces * kXtPer;
       if (kChunk * kXtPieces % kThreads != 0 && i >= kChunk) break;
-      const int64_t at = ((it.row0 + min(i, it.m - 1)) * p.heads + it.h) * D + c;
+      const int64_t at = row_head(it, i) * D + c;
       cp_async16(q_staged + i * D + c, p.q + at, i < it.m);
       cp_async16(k_staged + i * D + c, p.k + at, i < it.m);
     }
@@ -193,11 +195,9 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_kernel(KdaPrefillParams<XT
     for (int n = 0; n < (kChunk * D / 4 + kThreads - 1) / kThreads; ++n) {
       const int x = tid + n * kThreads, i = x / (D / 4), c = x % (D / 4) * 4;
       if (kChunk * D / 4 % kThreads != 0 && i >= kChunk) break;
-      cp_async16(g_staged + i * D + c, p.g + ((it.row0 + min(i, it.m - 1)) * p.heads + it.h) * D + c,
-                 i < it.m);
+      cp_async16(g_staged + i * D + c, p.g + row_head(it, i) * D + c, i < it.m);
     }
-    if (tid < kChunk)
-      cp_async4(beta + tid, p.beta + (it.row0 + min(tid, it.m - 1)) * p.heads + it.h, tid < it.m);
+    if (tid < kChunk) cp_async4(beta + tid, p.beta + row_head(it, tid), tid < it.m);
     cp_async_commit();
   };
 

@@ -24,13 +24,15 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
 }
 
 // Four 8x8 b16 matrices; lane l gives the address of row (l & 7) of matrix (l >> 3); register i holds, in
-// each lane, row lane/4 and columns 2·(lane%4) + {0, 1} of matrix i (with .trans: of its transpose).
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+// each lane, row lane/4 and columns 2·(lane%4) + {0, 1} of matrix i (with .trans: of its transpose). The
+// address is a shared-memory one (smem_addr), or a generic pointer.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p))
+               : "r"(addr)
                : "memory");
 }
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) { ldsm_x4(r, smem_addr(p)); }
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -44,12 +46,6 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
 // two n8 tiles, where scalar loads took four or eight instructions. Lane l gives the address of row l & 7 of
 // matrix l >> 3: its base plus the lane offset below. Rows whose stride is an odd multiple of 16 bytes
 // (mod 128) keep each matrix's 8 rows in distinct banks.
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
 // Lane offset, in words, for the A fragment of rows 0 .. 15 and k 0 .. 7 of a row-major fp32 array with row
 // stride ld: matrices (rows 0-7, k 0-3), (rows 8-15, k 0-3), (rows 0-7, k 4-7), (rows 8-15, k 4-7) are
 // a[0] .. a[3].
@@ -138,13 +134,6 @@ __device__ __forceinline__ void load_tf32_a(float (&a)[4], const float* base, in
   a[2] = base[g * row_stride + (t + 4) * k_stride];
   a[3] = base[(g + 8) * row_stride + (t + 4) * k_stride];
 }
-// The B fragment of an 8 x 8 block whose element (k, column n) sits at base[k * k_stride + n * n_stride].
-__device__ __forceinline__ void load_tf32_b(float (&b)[2], const float* base, int k_stride, int n_stride,
-                                            int g, int t) {
-  b[0] = base[t * k_stride + g * n_stride];
-  b[1] = base[(t + 4) * k_stride + g * n_stride];
-}
-
 // Weights are read once: through L2 without allocating in L1, which keeps the token rows there. The
 // 256-byte L2 prefetch hint lets a miss bring the rest of its 256 bytes, which the GEMMs' lanes read in
 // 64-byte pieces per row at about the same time (neighbour lanes, warps and CTAs).
