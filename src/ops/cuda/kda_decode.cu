@@ -42,9 +42,31 @@ struct KdaDecodeParams : KdaCoreParams<XT> {
   KdaGatedInputs gated;  // the gated kernel only
 };
 
-// Loads q, k and the decays exp(log_decay(d)) of one (token, head) ([kd] each) into shared memory and
-// returns the l2norm factors of q (with its K^-0.5 scale) and of k; the whole block takes part, and the
-// arrays are visible to every thread on return. `scratch` holds 32 float2.
+// The l2norm factors of q (with its K^-0.5 scale) and of k from their [kd] values in shared memory; the
+// whole block takes part. Each thread sums the elements d = tid, tid + blockDim, ..., so a thread that wrote
+// exactly those needs no barrier before the call. `scratch` holds 32 float2.
+__device__ __forceinline__ float2 l2_factors(const float* q_sh, const float* k_sh, int kd, float2* scratch) {
+  float q_sq = 0.0f, k_sq = 0.0f;
+  for (int d = threadIdx.x; d < kd; d += blockDim.x) {
+    q_sq += q_sh[d] * q_sh[d];
+    k_sq += k_sh[d] * k_sh[d];
+  }
+  q_sq = warp_sum(q_sq);
+  k_sq = warp_sum(k_sq);
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = {q_sq, k_sq};
+  __syncthreads();
+  q_sq = 0.0f;
+  k_sq = 0.0f;
+  for (unsigned w = 0; w < blockDim.x / 32; ++w) {
+    q_sq += scratch[w].x;
+    k_sq += scratch[w].y;
+  }
+  return {l2_factor(q_sq, 1.0f / sqrtf(static_cast<float>(kd))), l2_factor(k_sq, 1.0f)};
+}
+
+// The generic kernel's inputs: q, k and the decays exp(log_decay(d)) of one (token, head) ([kd] each) in
+// shared memory, and the l2norm factors of q (with its K^-0.5 scale) and of k; the whole block takes part,
+// and the arrays are visible to every thread on return. `scratch` holds 32 float2.
 template <class XT, class LogDecay>
 __device__ __forceinline__ float2 load_q_k_decay(const XT* q, const XT* k, LogDecay log_decay, int kd,
                                                  float* q_sh, float* k_sh, float* decay_sh, float2* scratch) {
@@ -59,8 +81,10 @@ __device__ __forceinline__ float2 load_q_k_decay(const XT* q, const XT* k, LogDe
 // Grid (kSplits, H, T): a CTA per (row of the batch, head, kCols value columns). Every column of S^T k̂,
 // of the update and of S^T q̂ involves only that column of the state, so splitting V needs no exchange
 // between CTAs; each CTA recomputes the (cheap) norms of q and k. A thread keeps its kRows × 4 state
-// values in registers from load to store; the two sums over key rows (S^T k̂ after the decay, S^T q̂ after
-// the update) are a warp butterfly plus one shared-memory step. A row that no span covers gets zeros.
+// values in registers from load to store, and reads q, k and the log decays of its kRows key rows straight
+// from global memory (the quads of a row group share them through L1), so after the PDL wait the plain
+// kernel has one round of loads and one barrier, recur()'s reduction (the gated one computes each decay
+// once, behind one more). A row that no span covers gets zeros.
 // kGated: kda_decode_gated (the file comment), launched in clusters of kSplits CTAs along x.
 // PDL: the span lookup and the state loads come before pdl_wait(). The span table is host-written
 // metadata, and the state is written only by this layer's own decode or prefill kernel of an earlier step
@@ -70,10 +94,9 @@ template <int D, class XT, bool kGated>
 __global__ void __launch_bounds__(DecodeTile<D>::kThreads) kda_decode_kernel(KdaDecodeParams<XT> p) {
   using Tile = DecodeTile<D>;
   __shared__ Span span_shared;
-  __shared__ float q_sh[D], k_sh[D], decay_sh[D];  // raw q and k (the norm factors apply on use), exp(g)
-  __shared__ float2 norm_scratch[32];
-  __shared__ float4 kv_scratch[Tile::kWarps * Tile::kQuads], o_scratch[Tile::kWarps * Tile::kQuads];
-  __shared__ float sum_sq_sh;  // kGated: this CTA's Σ o² over its columns
+  __shared__ float4 sum_scratch[Tile::kWarps * Tile::kQuads * kRecurSums];
+  __shared__ float decay_sh[D];  // kGated: exp(g) of the head's key rows
+  __shared__ float sum_sq_sh;    // kGated: this CTA's Σ o² over its columns
 
   const auto [h, row, quad, row_group, col, token_head] = decode_thread<Tile>(p.heads);
   __nv_bfloat16* out = p.out + token_head * D + col;
@@ -88,36 +111,48 @@ __global__ void __launch_bounds__(DecodeTile<D>::kThreads) kda_decode_kernel(Kda
   pdl_wait();
   pdl_trigger();
 
-  float2 factors;
+  RowInputs<Tile> in;
+  const XT* q = p.q + token_head * D;
+  const XT* k = p.k + token_head * D;
   float b;
   float4 gate;  // kGated: the output gate of the thread's columns
   if constexpr (kGated) {
-    const KdaGatedInputs& in = p.gated;
-    const float rate = expf(in.a_log.load(h));
-    factors = load_q_k_decay(
-        p.q + token_head * D, p.k + token_head * D,
-        [&](int d) {
-          return kda_gate_value(in.graw.load(token_head * D + d) + in.dt_bias.load(h * D + d), rate,
-                                in.lower_bound);
-        },
-        D, q_sh, k_sh, decay_sh, norm_scratch);
-    b = logistic(in.beta_logits.load(token_head));
+    const KdaGatedInputs& gi = p.gated;
+    const float rate = expf(gi.a_log.load(h));
+    // A decay takes a softplus or a sigmoid and loads of run-time dtype: each element once (thread d),
+    // shared behind a barrier, costs less than kRows of them per thread (measured).
+    for (int d = threadIdx.x; d < D; d += Tile::kThreads)
+      decay_sh[d] = expf(kda_gate_value(gi.graw.load(token_head * D + d) + gi.dt_bias.load(h * D + d), rate,
+                                        gi.lower_bound));
+#pragma unroll
+    for (int i = 0; i < Tile::kRows; ++i) {
+      const int d = row_group + Tile::kRowGroups * i;
+      in.q[i] = to_float(q[d]);
+      in.k[i] = to_float(k[d]);
+    }
+    b = logistic(gi.beta_logits.load(token_head));
     const int64_t base = token_head * D + col;
-    gate = {in.out_gate.load(base), in.out_gate.load(base + 1), in.out_gate.load(base + 2),
-            in.out_gate.load(base + 3)};
+    gate = {gi.out_gate.load(base), gi.out_gate.load(base + 1), gi.out_gate.load(base + 2),
+            gi.out_gate.load(base + 3)};
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < Tile::kRows; ++i) in.decay[i] = decay_sh[row_group + Tile::kRowGroups * i];
   } else {
     const float* g = p.g + token_head * D;
-    factors = load_q_k_decay(
-        p.q + token_head * D, p.k + token_head * D, [&](int d) { return g[d]; }, D, q_sh, k_sh, decay_sh,
-        norm_scratch);
+#pragma unroll
+    for (int i = 0; i < Tile::kRows; ++i) {
+      const int d = row_group + Tile::kRowGroups * i;
+      in.q[i] = to_float(q[d]);
+      in.k[i] = to_float(k[d]);
+      in.decay[i] = expf(g[d]);
+    }
     b = p.beta[token_head];
   }
   const float4 v = load4(p.v + token_head * D + col);
 
   // The plain kernel writes each state row back as soon as it is updated; the gated one after the
   // cluster's release barrier, which would otherwise wait for those 16 KB of stores.
-  float4 o = recur<Tile, D, !kGated>(s, q_sh, k_sh, decay_sh, factors, v, b, row_group, state, kv_scratch,
-                                     o_scratch);
+  float4 o = recur<Tile, D, !kGated>(s, in, v, b, row_group, state, sum_scratch);
   if constexpr (kGated) {
     o = gated_norm<Tile, D>(o, gate, p.gated.o_norm, p.gated.eps, col, &sum_sq_sh);
     store_state<Tile, D>(state, row_group, s);

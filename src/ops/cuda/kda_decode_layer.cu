@@ -10,10 +10,10 @@
 // CTA s convolves channels [s·kC, (s+1)·kC) of each of q, k and v (a thread per channel, so each conv
 // cache entry has one reader and writer), computes the decays of key rows [s·kC, (s+1)·kC) from kC rows of
 // f_b and the output gate of its own columns from kC rows of g_b (four threads per row, each taking every
-// fourth 8-column chunk). The recurrence needs q, k and the decays of all D key rows: the cluster
-// exchanges its slices through distributed shared memory behind one barrier, and each CTA then forms the
-// norms of q and k from the whole vectors in the same order, so the CTAs agree. v and the gate stay in
-// their CTA.
+// fourth 8-column chunk). The recurrence needs q, k and the decays of all D key rows: behind one cluster
+// barrier each thread reads those of its key rows from the slice of the CTA that owns them (distributed
+// shared memory), and the norms of q and k come out of recur()'s reduction over all D rows, in the same
+// order in every CTA, so the CTAs agree. v and the gate stay in their CTA.
 //
 // Before pdl_wait() (pdl.cuh): the recurrent state and the conv cache, which only this layer's kernels of
 // earlier steps write, the conv taps, and the CTA's rows of f_b and g_b (weights, copied to shared memory
@@ -74,20 +74,33 @@ __device__ __forceinline__ float row_share_dot(const bf16* w, const float* x, in
   return sum;
 }
 
+// q, k and the decays of the thread's key rows from the [3][kCols] slices of the CTAs that own them:
+// slice_of(rank) is CTA rank's (rows [rank·kCols, (rank+1)·kCols)).
+template <class Tile, class SliceOf>
+__device__ __forceinline__ void read_key_rows(RowInputs<Tile>& in, int row_group, SliceOf slice_of) {
+  constexpr int kC = Tile::kCols;
+#pragma unroll
+  for (int i = 0; i < Tile::kRows; ++i) {
+    const int d = row_group + Tile::kRowGroups * i;
+    const float* owner = slice_of(d / kC);
+    in.q[i] = owner[d % kC];
+    in.k[i] = owner[kC + d % kC];
+    in.decay[i] = owner[2 * kC + d % kC];
+  }
+}
+
 template <int D, class XT>
 __global__ void __launch_bounds__(DecodeTile<D>::kThreads) kda_decode_layer_kernel(KdaLayerParams<XT> p) {
   using Tile = DecodeTile<D>;
   constexpr int kC = Tile::kCols;
   static_assert(Tile::kThreads == 4 * kC && 3 * kC <= Tile::kThreads);  // 4 threads per gate row
   __shared__ Span span_shared;
-  __shared__ float q_sh[D], k_sh[D], decay_sh[D];  // the head's conv outputs of q and k, and exp(g)
   __shared__ float slice_sh[3]
                            [kC];  // this CTA's share of them (rows [s·kC, (s+1)·kC)), which the cluster reads
   __shared__ float v_sh[kC], gate_sh[kC];  // the CTA's columns of v and of the output gate
   __shared__ float fa_sh[kMaxRank], ga_sh[kMaxRank];
   __shared__ __align__(16) bf16 f_b_sh[kC][kMaxRank], g_b_sh[kC][kMaxRank];  // the CTA's rows of f_b, g_b
-  __shared__ float2 norm_scratch[32];
-  __shared__ float4 kv_scratch[Tile::kWarps * Tile::kQuads], o_scratch[Tile::kWarps * Tile::kQuads];
+  __shared__ float4 sum_scratch[Tile::kWarps * Tile::kQuads * kRecurSums];
   __shared__ float sum_sq_sh;
 
   const int split = blockIdx.x;  // also the CTA's rank in its cluster
@@ -132,6 +145,7 @@ __global__ void __launch_bounds__(DecodeTile<D>::kThreads) kda_decode_layer_kern
   pdl_trigger();
 
   const XT* x = p.proj + row * p.proj_ld;  // this row's projection [P]
+  const float b = logistic(to_float(x[p.cols.beta + h]));
   for (int r = tid; r < p.rank; r += Tile::kThreads) {
     fa_sh[r] = to_float(x[p.cols.fa + r]);
     if (p.g_b != nullptr) ga_sh[r] = to_float(x[p.cols.gate + r]);
@@ -179,35 +193,25 @@ __global__ void __launch_bounds__(DecodeTile<D>::kThreads) kda_decode_layer_kern
     if (p.g_b != nullptr) gate_sh[gate_row] = g_sum;
   }
 
-  // Every CTA of the cluster gathers the head's q, k and decays from the kSplits slices.
+  // Each thread reads q, k and the decays of its key rows from the slices of the CTAs that own them.
+  RowInputs<Tile> in;
   const float* slices = &slice_sh[0][0];
   if constexpr (Tile::kSplits > 1) {
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
     cluster_arrive_release();
     cluster_wait();
-    for (int e = tid; e < 3 * D; e += Tile::kThreads) {
-      const int part = e / D, d = e % D;
-      const float value = cluster.map_shared_rank(slices, d / kC)[part * kC + d % kC];
-      (part == 0 ? q_sh : part == 1 ? k_sh : decay_sh)[d] = value;
-    }
+    read_key_rows<Tile>(in, row_group, [&](int rank) { return cluster.map_shared_rank(slices, rank); });
   } else {
     __syncthreads();
-    for (int e = tid; e < 3 * D; e += Tile::kThreads) {
-      const int part = e / D, d = e % D;
-      (part == 0 ? q_sh : part == 1 ? k_sh : decay_sh)[d] = slices[part * kC + d];
-    }
+    read_key_rows<Tile>(in, row_group, [&](int) { return slices; });
   }
-  __syncthreads();
-  const float2 factors = l2_factors(q_sh, k_sh, D, norm_scratch);
-  const float b = logistic(to_float(x[p.cols.beta + h]));
   const float4 v = {v_sh[quad * 4], v_sh[quad * 4 + 1], v_sh[quad * 4 + 2], v_sh[quad * 4 + 3]};
   const float4 gate = {gate_sh[quad * 4], gate_sh[quad * 4 + 1], gate_sh[quad * 4 + 2],
                        gate_sh[quad * 4 + 3]};
 
   // The state goes back after the norm's cluster barrier, which would otherwise wait for those stores.
-  float4 o =
-      recur<Tile, D, false>(s, q_sh, k_sh, decay_sh, factors, v, b, row_group, state, kv_scratch, o_scratch);
+  float4 o = recur<Tile, D, false>(s, in, v, b, row_group, state, sum_scratch);
   o = gated_norm<Tile, D>(o, gate, p.o_norm, p.eps, col, &sum_sq_sh);
   store_state<Tile, D>(state, row_group, s);
   if (row_group == 0) store4_bf16(out, o);

@@ -92,77 +92,81 @@ __device__ __forceinline__ void finish_empty_row(__nv_bfloat16* out, int row_gro
   if (row_group == 0) store4_bf16(out, {0.0f, 0.0f, 0.0f, 0.0f});
 }
 
-// Sum of a float4 over the kRowGroups threads that share a column quad; every thread gets its quad's sum.
+// Sums of N float4 over the kRowGroups threads that share a column quad; every thread gets its quad's sums.
 // Those threads are lanes kQuads apart within a warp (butterfly), then one partial per warp in `scratch`
-// ([kWarps][kQuads]).
-template <class Tile>
-__device__ __forceinline__ float4 sum_over_rows(float4 v, float4* scratch) {
+// ([kWarps][kQuads][N]) behind one barrier.
+template <class Tile, int N>
+__device__ __forceinline__ void sum_over_rows(float4 (&v)[N], float4* scratch) {
 #pragma unroll
   for (int offset = Tile::kQuads; offset < 32; offset <<= 1) {
-    v.x += __shfl_xor_sync(0xffffffffu, v.x, offset);
-    v.y += __shfl_xor_sync(0xffffffffu, v.y, offset);
-    v.z += __shfl_xor_sync(0xffffffffu, v.z, offset);
-    v.w += __shfl_xor_sync(0xffffffffu, v.w, offset);
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      v[n].x += __shfl_xor_sync(0xffffffffu, v[n].x, offset);
+      v[n].y += __shfl_xor_sync(0xffffffffu, v[n].y, offset);
+      v[n].z += __shfl_xor_sync(0xffffffffu, v[n].z, offset);
+      v[n].w += __shfl_xor_sync(0xffffffffu, v[n].w, offset);
+    }
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane < Tile::kQuads) scratch[warp * Tile::kQuads + lane] = v;
-  __syncthreads();
-  float4 total = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (lane < Tile::kQuads) {
 #pragma unroll
-  for (int w = 0; w < Tile::kWarps; ++w) total += scratch[w * Tile::kQuads + lane % Tile::kQuads];
-  return total;
+    for (int n = 0; n < N; ++n) scratch[(warp * Tile::kQuads + lane) * N + n] = v[n];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    v[n] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int w = 0; w < Tile::kWarps; ++w) v[n] += scratch[(w * Tile::kQuads + lane % Tile::kQuads) * N + n];
+  }
 }
 
-// The l2norm factors of q (with its K^-0.5 scale) and of k from their [kd] values in shared memory; the
-// whole block takes part. Each thread sums the elements d = tid, tid + blockDim, ..., so a thread that wrote
-// exactly those needs no barrier before the call. `scratch` holds 32 float2.
-__device__ __forceinline__ float2 l2_factors(const float* q_sh, const float* k_sh, int kd, float2* scratch) {
-  float q_sq = 0.0f, k_sq = 0.0f;
-  for (int d = threadIdx.x; d < kd; d += blockDim.x) {
-    q_sq += q_sh[d] * q_sh[d];
-    k_sq += k_sh[d] * k_sh[d];
-  }
-  q_sq = warp_sum(q_sq);
-  k_sq = warp_sum(k_sq);
-  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = {q_sq, k_sq};
-  __syncthreads();
-  q_sq = 0.0f;
-  k_sq = 0.0f;
-  for (unsigned w = 0; w < blockDim.x / 32; ++w) {
-    q_sq += scratch[w].x;
-    k_sq += scratch[w].y;
-  }
-  return {l2_factor(q_sq, 1.0f / sqrtf(static_cast<float>(kd))), l2_factor(k_sq, 1.0f)};
-}
+// The values of the thread's key rows row_group + kRowGroups·i the recurrence needs: raw q and k (their
+// l2norm factors apply on use) and the decays exp(g).
+template <class Tile>
+struct RowInputs {
+  float q[Tile::kRows], k[Tile::kRows], decay[Tile::kRows];
+};
+
+// float4 slots of the scratch recur() needs, per (warp, column quad).
+constexpr int kRecurSums = 3;
 
 // The recurrence for one (token, head) on the thread's state values s (rows row_group + kRowGroups·i of
 // its 4 columns): decay first, kv = S^T k̂ of the decayed state, u = b·(v − kv), S += k̂ uᵀ, and returns
-// o = S^T q̂ of the updated state (summed over the CTA's rows; every thread of a quad gets it). q_sh, k_sh
-// and decay_sh hold the head's raw q, k and exp(g) [D]; the norm factors apply on use. With kStoreRows
-// each updated row goes back to `state` ([D] rows of stride D, at the thread's columns) at once.
+// o = S^T q̂ of the updated state (every thread of a quad gets it). With kStoreRows each updated row goes
+// back to `state` ([D] rows of stride D, at the thread's columns) at once.
+// One reduction over the CTA's key rows gives everything that needs one: with S_d the decayed state,
+// Σ S_d k and Σ S_d q per column, and Σ q², Σ k², Σ k·q. The l2norm factors of q and k are scalars, so they
+// apply after the sums, and the output of the updated state is S^T q̂ = q̂_f·(Σ S_d q + k̂_f·u·Σ k q), so
+// no second reduction waits for the update. `scratch` holds [kWarps][kQuads][kRecurSums] float4.
 template <class Tile, int D, bool kStoreRows>
-__device__ __forceinline__ float4 recur(float4 (&s)[Tile::kRows], const float* q_sh, const float* k_sh,
-                                        const float* decay_sh, float2 factors, float4 v, float b,
-                                        int row_group, float* state, float4* kv_scratch, float4* o_scratch) {
-  const float q_factor = factors.x, k_factor = factors.y;
-  float4 kv = {0.0f, 0.0f, 0.0f, 0.0f};
+__device__ __forceinline__ float4 recur(float4 (&s)[Tile::kRows], const RowInputs<Tile>& in, float4 v,
+                                        float b, int row_group, float* state, float4* scratch) {
+  float4 sums[kRecurSums] = {};  // Σ S_d k, Σ S_d q per column; {Σ q², Σ k², Σ k·q, 0}
 #pragma unroll
   for (int i = 0; i < Tile::kRows; ++i) {
-    const int d = row_group + Tile::kRowGroups * i;
-    s[i] = s[i] * decay_sh[d];
-    kv += s[i] * (k_sh[d] * k_factor);
+    s[i] = s[i] * in.decay[i];
+    sums[0] += s[i] * in.k[i];
+    sums[1] += s[i] * in.q[i];
+    sums[2].x += in.q[i] * in.q[i];
+    sums[2].y += in.k[i] * in.k[i];
+    sums[2].z += in.k[i] * in.q[i];
   }
-  kv = sum_over_rows<Tile>(kv, kv_scratch);
-  const float4 u = {b * (v.x - kv.x), b * (v.y - kv.y), b * (v.z - kv.z), b * (v.w - kv.w)};
-  float4 o = {0.0f, 0.0f, 0.0f, 0.0f};
+  sum_over_rows<Tile, kRecurSums>(sums, scratch);
+  const float q_factor = l2_factor(sums[2].x, 1.0f / sqrtf(static_cast<float>(D)));
+  const float k_factor = l2_factor(sums[2].y, 1.0f);
+  const float4 kv = sums[0] * k_factor;
+  const float4 ku = {k_factor * (b * (v.x - kv.x)), k_factor * (b * (v.y - kv.y)),
+                     k_factor * (b * (v.z - kv.z)), k_factor * (b * (v.w - kv.w))};  // k̂_f·u
 #pragma unroll
   for (int i = 0; i < Tile::kRows; ++i) {
-    const int d = row_group + Tile::kRowGroups * i;
-    s[i] += u * (k_sh[d] * k_factor);
-    if constexpr (kStoreRows) *reinterpret_cast<float4*>(state + d * D) = s[i];
-    o += s[i] * (q_sh[d] * q_factor);
+    s[i] += ku * in.k[i];
+    if constexpr (kStoreRows)
+      *reinterpret_cast<float4*>(state + (row_group + Tile::kRowGroups * i) * D) = s[i];
   }
-  return sum_over_rows<Tile>(o, o_scratch);
+  const float kq = sums[2].z;
+  return {q_factor * (sums[1].x + ku.x * kq), q_factor * (sums[1].y + ku.y * kq),
+          q_factor * (sums[1].z + ku.z * kq), q_factor * (sums[1].w + ku.w * kq)};
 }
 
 // Cluster barrier halves (PTX barrier.cluster). The release arrive orders this CTA's earlier writes (its
