@@ -108,6 +108,13 @@ __global__ void __launch_bounds__(DecodeTile<D>::kThreads) kda_decode_kernel(Kda
   }
   float4 s[Tile::kRows];  // rows row_group + kRowGroups·i, columns col .. col+3
   float* state = load_state<Tile, D>(p.state, span.slot, p.heads, h, col, row_group, s);
+  // kGated: the decay's weights too (the head's rate, thread d's dt_bias).
+  static_assert(D <= Tile::kThreads);
+  float rate = 0.0f, dt_bias = 0.0f;
+  if constexpr (kGated) {
+    rate = expf(p.gated.a_log.load(h));
+    if (threadIdx.x < D) dt_bias = p.gated.dt_bias.load(h * D + threadIdx.x);
+  }
   pdl_wait();
   pdl_trigger();
 
@@ -118,12 +125,11 @@ __global__ void __launch_bounds__(DecodeTile<D>::kThreads) kda_decode_kernel(Kda
   float4 gate;  // kGated: the output gate of the thread's columns
   if constexpr (kGated) {
     const KdaGatedInputs& gi = p.gated;
-    const float rate = expf(gi.a_log.load(h));
     // A decay takes a softplus or a sigmoid and loads of run-time dtype: each element once (thread d),
     // shared behind a barrier, costs less than kRows of them per thread (measured).
-    for (int d = threadIdx.x; d < D; d += Tile::kThreads)
-      decay_sh[d] = expf(kda_gate_value(gi.graw.load(token_head * D + d) + gi.dt_bias.load(h * D + d), rate,
-                                        gi.lower_bound));
+    if (threadIdx.x < D)
+      decay_sh[threadIdx.x] =
+          expf(kda_gate_value(gi.graw.load(token_head * D + threadIdx.x) + dt_bias, rate, gi.lower_bound));
 #pragma unroll
     for (int i = 0; i < Tile::kRows; ++i) {
       const int d = row_group + Tile::kRowGroups * i;
@@ -154,7 +160,11 @@ __global__ void __launch_bounds__(DecodeTile<D>::kThreads) kda_decode_kernel(Kda
   // cluster's release barrier, which would otherwise wait for those 16 KB of stores.
   float4 o = recur<Tile, D, !kGated>(s, in, v, b, row_group, state, sum_scratch);
   if constexpr (kGated) {
-    o = gated_norm<Tile, D>(o, gate, p.gated.o_norm, p.gated.eps, col, &sum_sq_sh);
+    // The norm weight is loaded here so that its latency hides behind the norm's cluster barrier; loaded
+    // before the PDL wait, it held 16 more registers through the whole kernel (4 CTAs per SM instead of 5),
+    // which cost more at batch 8 than it saved at batch 1 (measured).
+    const float4 norm_w = load4(p.gated.o_norm, col);
+    o = gated_norm<Tile, D>(o, gate, norm_w, p.gated.eps, &sum_sq_sh);
     store_state<Tile, D>(state, row_group, s);
   }
   if (row_group == 0) store4_bf16(out, o);

@@ -16,9 +16,9 @@
 // order in every CTA, so the CTAs agree. v and the gate stay in their CTA.
 //
 // Before pdl_wait() (pdl.cuh): the recurrent state and the conv cache, which only this layer's kernels of
-// earlier steps write, the conv taps, and the CTA's rows of f_b and g_b (weights, copied to shared memory
-// with cp.async so that they hold no registers while the kernel waits); at K = V = r = 128 that is 16 KB
-// of state and 16 KB of gate weights per CTA.
+// earlier steps write, the conv taps, a_log, dt_bias and the norm weight, and the CTA's rows of f_b and g_b
+// (weights, copied to shared memory with cp.async so that they hold no registers while the kernel waits); at
+// K = V = r = 128 that is 16 KB of state and 16 KB of gate weights per CTA.
 //
 // Numerics: the conv outputs, graw and the output gate stay fp32, where the separate ops round them to the
 // activation dtype (bf16).
@@ -128,6 +128,11 @@ __global__ void __launch_bounds__(DecodeTile<D>::kThreads) kda_decode_layer_kern
     }
   }
   cp_async_commit();
+  // The other weights the work after the wait needs, in registers: the head's rate and the gate row's
+  // dt_bias (gate_part 0 threads use them) and the norm weight of the thread's columns.
+  const float rate = expf(p.a_log.load(h));
+  const float dt_bias = p.dt_bias.load(h * D + split * kC + gate_row);
+  const float4 norm_w = load4(p.o_norm, col);
   // Conv: thread tid < 3·kC owns channel s·kC + tid % kC of q (tid / kC = 0), k (1) or v (2).
   const int64_t dl = static_cast<int64_t>(p.heads) * D;
   const bool conv_thread = tid < 3 * kC;
@@ -187,9 +192,7 @@ __global__ void __launch_bounds__(DecodeTile<D>::kThreads) kda_decode_layer_kern
   g_sum += __shfl_xor_sync(0xffffffffu, g_sum, 1);
   g_sum += __shfl_xor_sync(0xffffffffu, g_sum, 2);
   if (gate_part == 0) {
-    const int d = split * kC + gate_row;
-    const float rate = expf(p.a_log.load(h));
-    slice_sh[2][gate_row] = expf(kda_gate_value(f_sum + p.dt_bias.load(h * D + d), rate, p.lower_bound));
+    slice_sh[2][gate_row] = expf(kda_gate_value(f_sum + dt_bias, rate, p.lower_bound));
     if (p.g_b != nullptr) gate_sh[gate_row] = g_sum;
   }
 
@@ -212,7 +215,7 @@ __global__ void __launch_bounds__(DecodeTile<D>::kThreads) kda_decode_layer_kern
 
   // The state goes back after the norm's cluster barrier, which would otherwise wait for those stores.
   float4 o = recur<Tile, D, false>(s, in, v, b, row_group, state, sum_scratch);
-  o = gated_norm<Tile, D>(o, gate, p.o_norm, p.eps, col, &sum_sq_sh);
+  o = gated_norm<Tile, D>(o, gate, norm_w, p.eps, &sum_sq_sh);
   store_state<Tile, D>(state, row_group, s);
   if (row_group == 0) store4_bf16(out, o);
   if constexpr (Tile::kSplits > 1) cluster_wait();

@@ -42,6 +42,9 @@ template <class XT>
 __device__ __forceinline__ float4 load4(const XT* p) {
   return {to_float(p[0]), to_float(p[1]), to_float(p[2]), to_float(p[3])};
 }
+__device__ __forceinline__ float4 load4(FloatIn t, int64_t i) {
+  return {t.load(i), t.load(i + 1), t.load(i + 2), t.load(i + 3)};
+}
 __device__ __forceinline__ void store4_bf16(__nv_bfloat16* p, float4 v) {
   reinterpret_cast<__nv_bfloat162*>(p)[0] = __floats2bfloat162_rn(v.x, v.y);
   reinterpret_cast<__nv_bfloat162*>(p)[1] = __floats2bfloat162_rn(v.z, v.w);
@@ -183,14 +186,15 @@ __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
-// The gated RMSNorm of one head's output: the thread's 4 columns of o (from `col`), normalized over all D
-// columns of the head, which the kSplits CTAs of the cluster hold between them, times the norm weight and
-// sigmoid(gate) of those columns (weight before gate, no (1 + w): docs/MODEL.md §5.7, as gated_rms_norm).
-// Every thread of the cluster calls it; the row_group 0 threads (warp 0's first kQuads lanes, one per
-// column quad) hold o. With a cluster it returns after arriving at the final barrier; the caller waits there
-// (cluster_wait) before it exits, so no CTA frees the shared memory a peer still reads.
+// The gated RMSNorm of one head's output: the thread's 4 columns of o, normalized over all D columns of the
+// head, which the kSplits CTAs of the cluster hold between them, times the norm weight (norm_w, loaded by
+// the caller before its PDL wait: a weight) and sigmoid(gate) of those columns (weight before gate, no (1 +
+// w): docs/MODEL.md §5.7, as gated_rms_norm). Every thread of the cluster calls it; the row_group 0 threads
+// (warp 0's first kQuads lanes, one per column quad) hold o. With a cluster it returns after arriving at the
+// final barrier; the caller waits there (cluster_wait) before it exits, so no CTA frees the shared memory a
+// peer still reads.
 template <class Tile, int D>
-__device__ __forceinline__ float4 gated_norm(float4 o, float4 gate, FloatIn o_norm, float eps, int col,
+__device__ __forceinline__ float4 gated_norm(float4 o, float4 gate, float4 norm_w, float eps,
                                              float* sum_sq_sh) {
   if (threadIdx.x < 32) {
     const float sq = threadIdx.x < Tile::kQuads ? o.x * o.x + o.y * o.y + o.z * o.z + o.w * o.w : 0.0f;
@@ -211,10 +215,8 @@ __device__ __forceinline__ float4 gated_norm(float4 o, float4 gate, FloatIn o_no
     sum_sq = *sum_sq_sh;
   }
   const float inv = 1.0f / sqrtf(sum_sq / static_cast<float>(D) + eps);
-  return {o_norm.load(col) * (o.x * inv) * logistic(gate.x),
-          o_norm.load(col + 1) * (o.y * inv) * logistic(gate.y),
-          o_norm.load(col + 2) * (o.z * inv) * logistic(gate.z),
-          o_norm.load(col + 3) * (o.w * inv) * logistic(gate.w)};
+  return {norm_w.x * (o.x * inv) * logistic(gate.x), norm_w.y * (o.y * inv) * logistic(gate.y),
+          norm_w.z * (o.z * inv) * logistic(gate.z), norm_w.w * (o.w * inv) * logistic(gate.w)};
 }
 
 }  // namespace hlm::cuda
