@@ -7,21 +7,22 @@
 //
 // Decomposition: a one-CTA kernel numbers the tiles (the active experts' pair counts are known only on the
 // device): tile g belongs to slot tile_slot[g] and covers its pairs from (g − first_tile[slot])·128. Grid
-// (weight-row tiles, an upper bound of the pair tiles); a CTA past the count exits. 8 warps, 2 along the
-// pairs by 4 along the weight rows, each 64 pairs x 32 rows as 4 x 4 mma.sync m16n8k16 tiles (bf16 in,
-// fp32 accumulate); K in 64-column stages, a ring of three in shared memory filled by cp.async (the pair
-// rows gathered through a per-row source offset), two stages in flight while one is in the math. Measured
-// on an H200 (kernel_bench --moe-prefill, 48B experts, 8,192 tokens): 64-column stages 4.14-4.17 ms in
-// rings of 2 or 3, 32-column stages 4.48-4.52 ms in rings of 3 or 4; 4 warps of 64 x 64 (fewer fragment
-// loads per mma) 4.21 ms as this form, but slower at 2,048 tokens and end to end (dropped).
-// Gate/up: the 128 rows are 64 gate rows and the same 64 up rows, and each warp's 32 are 16 of each, so a
-// thread holds gate and up of the same (pair, row) and writes act(gate)·up as bf16 to h. Down: y rows in
+// (weight-row tiles, an upper bound of the pair tiles); a CTA past the count exits. Two warpgroups, each
+// 64 pairs x 128 weight rows on Hopper's wgmma (m64n128k16, bf16 in, fp32 accumulate, both operands from
+// shared memory in the 128-byte swizzle of wgmma.cuh); K in 64-column stages, a ring of three filled by
+// cp.async (the pair rows gathered through a per-row source offset), two stages in flight while one is in
+// the math; two CTAs per SM. Measured on an H200 (kernel_bench --moe-prefill, 48B experts, the whole
+// routed-expert op): 8,192 tokens 3.07-3.08 ms (302 TFLOP/s) against 4.21 for the same tiling on mma.sync
+// (8 warps of 64 x 32, ldmatrix fragments), 2,048 tokens 1.20 against 1.65-1.67. Earlier, on mma.sync:
+// 64-column stages 4.14-4.17 ms in rings of 2 or 3, 32-column stages 4.48-4.52 ms in rings of 3 or 4.
+// Gate/up: the 128 rows are 64 gate rows and the same 64 up rows, so a thread's accumulators hold gate
+// and up of the same (pair, row) 32 registers apart, and it writes act(gate)·up as bf16 to h. Down: y rows in
 // fp32. The combine (moe_experts.cu) then sums each token's slots in slot order, as for decode.
 #include "ops/cuda/cuda_kernels.h"
 #include "ops/cuda/device_math.cuh"
-#include "ops/cuda/mma.cuh"
 #include "ops/cuda/moe_work_list.cuh"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/wgmma.cuh"
 
 namespace hlm::cuda {
 
@@ -29,14 +30,13 @@ namespace {
 
 constexpr int kTileM = 128;    // pairs per tile
 constexpr int kTileN = 128;    // weight rows per tile (gate/up: 64 gate rows, then the same 64 up rows)
-constexpr int kTileK = 64;     // columns per stage
+constexpr int kTileK = 64;     // columns per stage: one 128-byte swizzle block (wgmma.cuh) per row
 constexpr int kStages = 3;     // ring of stages in shared memory
-constexpr int kThreads = 256;  // 8 warps: 2 along M x 4 along N
-constexpr int kLd =
-    kTileK + 8;  // bf16 row stride in shared memory: 144-byte rows keep ldmatrix conflict-free
-constexpr size_t kStageBytes = size_t{2} * kTileM * kLd * sizeof(bf16);  // A (pair rows), then B (weights)
-constexpr size_t kSmemBytes = kStages * kStageBytes;                     // 110,592: two CTAs per SM
-constexpr int kChunksPerThread = kTileM * (kTileK / 8) / kThreads;       // 16-byte copies of A (and of B)
+constexpr int kThreads = 256;  // 2 warpgroups, 64 pairs each
+constexpr size_t kOperandBytes = size_t{kTileM} * kTileK * sizeof(bf16);  // 16 KB, a multiple of 1024
+constexpr size_t kStageBytes = 2 * kOperandBytes;  // A (pair rows), then B (weight rows), both swizzled
+constexpr size_t kSmemBytes = kStages * kStageBytes + 1024;  // 99,328 with the alignment slack: 2 CTAs per SM
+constexpr int kChunksPerThread = kTileM * (kTileK / 8) / kThreads;  // 16-byte copies of A (and of B)
 static_assert(kTileM == kTileN && kChunksPerThread * kThreads == kTileM * kTileK / 8, "copy mapping");
 constexpr int kTableThreads = 1024;
 constexpr int kSlotsPerThread = 4;  // the table kernel takes up to 4096 active experts
@@ -110,7 +110,8 @@ struct GemmArgs {
 
 template <bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 2) tiled_expert_gemm_kernel(GemmArgs args) {
-  extern __shared__ __align__(16) unsigned char stages[];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* stages = align_1024(smem_raw);
   __shared__ int64_t a_offset[kTileM];  // element offset of each pair row's source (x or h)
   __shared__ int32_t a_pair[kTileM];    // the pair of each row, -1 past the tile's pairs
   const TiledExpertsParams& p = args.p;
@@ -143,20 +144,21 @@ __global__ void __launch_bounds__(kThreads, 2) tiled_expert_gemm_kernel(GemmArgs
   const bf16* w_up = kGateUp ? static_cast<const bf16*>(p.up) + expert * w_rows * k_dim : nullptr;
   __syncthreads();
 
-  // Stage s holds columns [k0, k0 + 64) of the 128 pair rows (A, [kTileM][kLd]) and of the 128 weight rows
-  // (B, [kTileN][kLd]); the thread copies 16-byte parts c % 8 of rows c / 8 for c = tid + 256·i. Pair rows
-  // past the tile's pairs are zero-filled.
+  // Stage s holds columns [k0, k0 + 64) of the 128 pair rows (A) and of the 128 weight rows (B), each
+  // [128][64] in the 128-byte swizzle; the thread copies 16-byte parts c % 8 of rows c / 8 for
+  // c = tid + 256·i. Pair rows past the tile's pairs are zero-filled.
+  const unsigned stages_addr = smem_addr(stages);
   auto load_stage = [&](int stage, int64_t k0) {
-    bf16* a_sh = reinterpret_cast<bf16*>(stages + stage * kStageBytes);
-    bf16* b_sh = a_sh + kTileM * kLd;
+    const unsigned a_sh = stages_addr + stage * kStageBytes, b_sh = a_sh + kOperandBytes;
 #pragma unroll
     for (int i = 0; i < kChunksPerThread; ++i) {
       const int c = tid + i * kThreads, r = c / (kTileK / 8), part = c % (kTileK / 8);
       const int64_t col = k0 + part * 8;
-      cp_async16(a_sh + r * kLd + part * 8, in + a_offset[r] + col, r < rows_here);
+      const unsigned at = sw128_offset(r, part * 8, kTileM);
+      cp_async16(a_sh + at, in + a_offset[r] + col, r < rows_here);
       const bf16* w_row =
           !kGateUp || r < kTileN / 2 ? w_main + (n0 + r) * k_dim : w_up + (n0 + r - kTileN / 2) * k_dim;
-      cp_async16(b_sh + r * kLd + part * 8, w_row + col, true);
+      cp_async16(b_sh + at, w_row + col, true);
     }
   };
 
@@ -166,69 +168,49 @@ __global__ void __launch_bounds__(kThreads, 2) tiled_expert_gemm_kernel(GemmArgs
     if (s < k_tiles) load_stage(s, static_cast<int64_t>(s) * kTileK);
     cp_async_commit();
   }
-  const int wm = warp >> 2, wn = warp & 3;
-  // The first B row of this warp's n8 tiles 2jj and 2jj + 1 (adjacent rows): gate/up, tiles 0-1 are its 16
-  // gate rows and 2-3 the same 16 up rows; down, its 32 consecutive rows.
-  auto b_pair_row = [&](int jj) { return kGateUp ? jj * (kTileN / 2) + 16 * wn : 32 * wn + 16 * jj; };
-  float acc[4][4][4] = {};  // [m16 tile][n8 tile][C fragment]
+  // Warpgroup wg multiplies pair rows [64·wg, 64·wg + 64) by all 128 weight rows: acc[4j + v0 + 2v1] is
+  // pair row 64·wg + 16·(warp % 4) + g + 8v1, weight row 8j + 2t + v0 of the tile.
+  const int wg = warp >> 2;
+  float acc[64] = {};
   for (int kt = 0; kt < k_tiles; ++kt) {
     cp_async_wait<kStages - 2>();
-    __syncthreads();  // stage kt has landed for every thread, and stage kt - 1 is no longer read
+    fence_proxy_async();
+    __syncthreads();  // stage kt has landed for every thread; every warpgroup is done with stage kt - 1
     const int next = kt + kStages - 1;
     if (next < k_tiles) load_stage(next % kStages, static_cast<int64_t>(next) * kTileK);
     cp_async_commit();
-    const bf16* a_sh = reinterpret_cast<const bf16*>(stages + (kt % kStages) * kStageBytes);
-    const bf16* b_sh = a_sh + kTileM * kLd;
+    const unsigned char* a_sh = stages + (kt % kStages) * kStageBytes;
+    const uint64_t a_desc = sw128_desc(a_sh + wg * 64 * 128), b_desc = sw128_desc(a_sh + kOperandBytes);
+    wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < kTileK; ks += 16) {
-      uint32_t a[4][4], b[4][2];
-#pragma unroll
-      for (int mt = 0; mt < 4; ++mt)
-        ldsm_x4(a[mt], a_sh + (wm * 64 + mt * 16 + (lane & 15)) * kLd + ks + (lane >> 4) * 8);
-#pragma unroll
-      for (int jj = 0; jj < 2; ++jj) {
-        uint32_t r[4];
-        ldsm_x4(r,
-                b_sh + (b_pair_row(jj) + ((lane >> 4) << 3) + (lane & 7)) * kLd + ks + ((lane >> 3) & 1) * 8);
-        b[2 * jj][0] = r[0], b[2 * jj][1] = r[1], b[2 * jj + 1][0] = r[2], b[2 * jj + 1][1] = r[3];
-      }
-#pragma unroll
-      for (int mt = 0; mt < 4; ++mt) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          mma_bf16(acc[mt][j], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b[j][0], b[j][1]);
-      }
-    }
+    for (int ks = 0; ks < kTileK / 16; ++ks) wgmma_m64n128k16_ss(acc, a_desc + 2 * ks, b_desc + 2 * ks);
+    wgmma_commit();
+    wgmma_wait<0>();
   }
+  fence_operands(acc);
   cp_async_wait<0>();
 
-  // C fragment (g = lane / 4, t = lane % 4): elements 0, 1 are row g, columns 2t, 2t + 1; 2, 3 row g + 8.
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int mt = 0; mt < 4; ++mt) {
+  for (int half = 0; half < 2; ++half) {
+    const int r = wg * 64 + 16 * (warp & 3) + g + 8 * half;
+    if (r >= rows_here) continue;
+    const int64_t pair = a_pair[r];
+    if constexpr (kGateUp) {
+      // Weight rows 8j + 2t (j < 8) are gate rows, the same rows 64 further on their up rows.
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = wm * 64 + mt * 16 + g + 8 * half;
-      if (r >= rows_here) continue;
-      const int64_t pair = a_pair[r];
-      if constexpr (kGateUp) {
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {
-          const int64_t col = n0 + 16 * wn + 8 * jj + 2 * t;
-          const float* gate = &acc[mt][jj][2 * half];
-          const float* up = &acc[mt][2 + jj][2 * half];
-          const uint32_t v = pack_bf16x2(glu_value(gate[0], up[0], p.situ, p.situ_beta, p.situ_linear_beta),
-                                         glu_value(gate[1], up[1], p.situ, p.situ_beta, p.situ_linear_beta));
-          *reinterpret_cast<uint32_t*>(static_cast<bf16*>(p.h) + pair * p.inter + col) = v;
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int64_t col = n0 + 32 * wn + 8 * j + 2 * t;
-          *reinterpret_cast<float2*>(static_cast<float*>(p.y) + pair * p.hidden + col) =
-              make_float2(acc[mt][j][2 * half], acc[mt][j][2 * half + 1]);
-        }
+      for (int j = 0; j < 8; ++j) {
+        const float* gate = &acc[4 * j + 2 * half];
+        const float* up = &acc[4 * (j + 8) + 2 * half];
+        const uint32_t v = pack_bf16x2(glu_value(gate[0], up[0], p.situ, p.situ_beta, p.situ_linear_beta),
+                                       glu_value(gate[1], up[1], p.situ, p.situ_beta, p.situ_linear_beta));
+        *reinterpret_cast<uint32_t*>(static_cast<bf16*>(p.h) + pair * p.inter + n0 + 8 * j + 2 * t) = v;
       }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+        *reinterpret_cast<float2*>(static_cast<float*>(p.y) + pair * p.hidden + n0 + 8 * j + 2 * t) =
+            make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
     }
   }
 }

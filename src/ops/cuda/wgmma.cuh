@@ -70,6 +70,13 @@ __device__ __forceinline__ void fence_operands(float (&d)[N]) {
       "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
       "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 
+#define HLM_WGMMA_D64(d)                                                                          \
+  HLM_WGMMA_D32(d), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), \
+      "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]),  \
+      "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]),  \
+      "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]),  \
+      "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
 // d[64 x 32] (+)= a[64 x 16] · b[16 x 32], bf16 in, fp32 accumulators, both operands from shared memory;
 // kTransA = 1 reads a MN-major (its 64 columns of M contiguous). Accumulator layout (per warp w of the
 // warpgroup, lane l = 4g + t): d[4j + v0 + 2v1] is row 16w + g + 8v1, column 8j + 2t + v0.
@@ -93,6 +100,20 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t a, u
       "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
       : HLM_WGMMA_D32(d)
       : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
+}
+
+// d[64 x 128] += a[64 x 16] · b[16 x 128] with both operands in shared memory, both K-major (the layout of
+// d as for m64n32, with j up to 15).
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "
+      "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
+      "%62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : HLM_WGMMA_D64(d)
+      : "l"(a), "l"(b));
 }
 
 // d[64 x 64] += a[64 x 16] · b[16 x 64] with a in registers (per warp w, rows 16w..16w + 15 in the mma.sync
