@@ -388,7 +388,7 @@ TEST(CudaMoe, ExpertsKimiLinearAndK3Shapes) {
                                : dense_experts(*gpu, s.local, s.inter, s.hidden, DType::kBF16, rng);
     // T = 1: BF16 the decode kernel (moe_decode_experts.cu, 64-row slices), MXFP4 (16 pairs) the one-warp
     // work list; larger T: the 1024-thread one. BF16 at T = 20: the 32-token streaming kernel; at T = 512
-    // (4,096 pairs, at least 32 per local expert): the tiled GEMMs.
+    // (4,096 pairs, at least 256 tokens and 8 pairs per local expert): the tiled GEMMs.
     const std::vector<int64_t> batches =
         s.mxfp4 ? std::vector<int64_t>{1, 16, 64} : std::vector<int64_t>{1, 16, 20, 512};
     for (int64_t rows : batches) {
@@ -556,8 +556,8 @@ TEST(CudaMoe, ExpertsEdgeRoutings) {
   }
 }
 
-// Prefill-sized batches (at least 32 pairs per local expert, BF16 weights and x) take the tiled GEMMs
-// (moe_tiled_gemm.cu): an expert with several 128-pair tiles and a partial last one, experts with a few
+// Prefill-sized batches (at least 256 tokens and 8 pairs per local expert, BF16 weights and x) take the tiled
+// GEMMs (moe_tiled_gemm.cu): an expert with several 128-pair tiles and a partial last one, experts with a few
 // pairs, a token listing one expert twice, tokens with no expert on this rank, SiLU and SiTU; and the same
 // batch with F32 x, which takes the streaming kernels.
 TEST(CudaMoe, ExpertsPrefillBatchesTiled) {

@@ -12,8 +12,8 @@
 //     order: a fixed order, no atomics, so the result is the same every run.
 // Decode-sized batches of BF16 experts and tokens (up to 32 (token, slot) pairs) take two launches instead
 // (moe_decode_experts.cu: each CTA one slice of an expert, gate/up then down, and a combine of the slices).
-// Prefill-sized batches with BF16 weights (at least kTiledMinPairsPerExpert pairs per local expert) run
-// steps 2 and 3 as tiled GEMMs instead (moe_tiled_gemm.cu), on the same list and into the same h and y.
+// Prefill-sized batches with BF16 weights (kTiledMinPairsPerExpert pairs per local expert, kTiledMinTokens)
+// run steps 2 and 3 as tiled GEMMs instead (moe_tiled_gemm.cu), on the same list and into the same h and y.
 // The GEMMs here are weight-streaming tensor-core kernels (mma.sync m16n8k16, bf16 in, fp32 accumulate) with
 // the weights as the 16-row A side and the expert's tokens as the 8-column B side: each touched expert's
 // weights are read once per step whatever the number of tokens routed to it (up to 32 tokens; beyond
@@ -41,9 +41,14 @@ constexpr int kCombineThreads = 256;
 constexpr int kCombineMaxSlots = 16;  // top_k up to this (K3: 16) takes combine_kernel's unrolled path
 // Batches of at least this many pairs per local expert (on average) take the tiled GEMMs
 // (moe_tiled_gemm.cu) where they apply. Measured on an H200 (kernel_bench --moe-prefill, the 48B's 256
-// experts): at 1,024 tokens (32 pairs per expert) 1.45 ms against 2.46 for the streaming kernels, at
-// 8,192 tokens 4.17 against 19.1 ms.
-constexpr int64_t kTiledMinPairsPerExpert = 32;
+// experts), tiled on wgmma against the streaming kernels: 256 tokens (8 pairs per expert) 1.02-1.03 ms
+// against 1.09, 512 tokens 1.08 against 1.41, 1,024 tokens 1.08 against 2.46, 8,192 tokens 3.1 against
+// 19.1. Below 8 pairs the tiles' 128 rows are mostly padding. The count is over all the batch's pairs, of
+// which only the local experts' share lands here, so with expert parallelism a small batch would pass it
+// with a pair or two per local expert: the tiled GEMMs also need kTiledMinTokens tokens, which keeps decode
+// batches on the streaming kernels at any expert split.
+constexpr int64_t kTiledMinPairsPerExpert = 8;
+constexpr int64_t kTiledMinTokens = 256;
 
 enum class WFormat { kBf16, kF32, kMxfp4 };
 
@@ -803,7 +808,7 @@ Tensor moe_experts(CudaContext& ctx, const Tensor& x, const Tensor& idx, const T
     return out;
   }
   const bool tiled = format == WFormat::kBf16 && x_bf16 && tiled_experts_fit(hidden, inter) &&
-                     pairs >= kTiledMinPairsPerExpert * local;
+                     pairs >= kTiledMinPairsPerExpert * local && rows >= kTiledMinTokens;
   const int64_t list_ints = 1 + 3 * max_active + pairs;
   Tensor meta = ctx.empty({list_ints + (tiled ? tile_table_ints(pairs, max_active) : 0)}, DType::kI32);
   int32_t* m = meta.data<int32_t>();
