@@ -41,12 +41,13 @@ constexpr int kCombineThreads = 256;
 constexpr int kCombineMaxSlots = 16;  // top_k up to this (K3: 16) takes combine_kernel's unrolled path
 // Batches of at least this many pairs per local expert (on average) take the tiled GEMMs
 // (moe_tiled_gemm.cu) where they apply. Measured on an H200 (kernel_bench --moe-prefill, the 48B's 256
-// experts), tiled on wgmma against the streaming kernels: 256 tokens (8 pairs per expert) 1.02-1.03 ms
-// against 1.09, 512 tokens 1.08 against 1.41, 1,024 tokens 1.08 against 2.46, 8,192 tokens 3.1 against
-// 19.1. Below 8 pairs the tiles' 128 rows are mostly padding. The count is over all the batch's pairs, of
-// which only the local experts' share lands here, so with expert parallelism a small batch would pass it
-// with a pair or two per local expert: the tiled GEMMs also need kTiledMinTokens tokens, which keeps decode
-// batches on the streaming kernels at any expert split.
+// experts), tiled on wgmma against the streaming kernels in one run: 256 tokens (8 pairs per expert)
+// 1.02-1.03 ms against 1.09, 512 tokens 1.08 against 1.41; at 1,024 and 8,192 tokens 1.08 and 3.1 ms
+// against the streaming kernels' 2.46 and 19.1 of an earlier run (docs/benchmarks.md). Below 8 pairs the
+// tiles' 128 rows are mostly padding. The count is over all the batch's pairs, of which only the local
+// experts' share lands here, so with expert parallelism a small batch would pass it with a pair or two per
+// local expert: the tiled GEMMs also need kTiledMinTokens tokens, which keeps decode batches on the streaming
+// kernels at any expert split.
 constexpr int64_t kTiledMinPairsPerExpert = 8;
 constexpr int64_t kTiledMinTokens = 256;
 
