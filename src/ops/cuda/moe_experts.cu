@@ -37,7 +37,7 @@ constexpr int kSplitK = 4;            // warps per GEMM CTA (but see expert_gemm
 constexpr int kListThreads = 1024;    // the work-list kernel is one CTA
 constexpr int kExpertsPerThread = 4;  // local experts each work-list thread scans
 constexpr int kMaxLocalExperts = kListThreads * kExpertsPerThread;
-constexpr int kCombineThreads = 256;
+constexpr int kCombineThreads = 256;  // at most, per combine CTA (launch_combine)
 constexpr int kCombineMaxSlots = 16;  // top_k up to this (K3: 16) takes combine_kernel's unrolled path
 // Batches of at least this many pairs per local expert (on average) take the tiled GEMMs
 // (moe_tiled_gemm.cu) where they apply. Measured on an H200 (kernel_bench --moe-prefill, the 48B's 256
@@ -600,17 +600,24 @@ struct CombineParams {
   bool addend_bf16;
 };
 
-// Grid (T, ceil(D / 4 / 256)): one float4 of one token per thread, summing the token's local slots in
-// slot order, then adding the addend, if any (the fp32 add that add_inplace would do next). A token with
-// no local expert gets zeros (plus the addend). The routing (idx, weights) and the addend are loaded
-// before pdl_wait(): the router wrote them, and the side work that made the addend was joined before the
-// work list, all kernels that completed before the down GEMM ahead of this one started (pdl.cuh); only
-// the expert rows y come after the wait. Measured on an H200 against loading everything after the wait
-// (kernel_bench --moe, one call, two runs each): the 48B's routed experts 37.9-38.3 against 39.2-39.4 µs
-// at batch 1, 209-210 against 210-211 at batch 8; the MoE layer 58.3 against 59.5 µs (--layer-split).
+// Grid (T, blocks of a token's D / 4 float4 columns): one float4 of one token per thread, summing the
+// token's local slots in slot order, then adding the addend, if any (the fp32 add that add_inplace would
+// do next). A token with no local expert gets zeros (plus the addend). The routing (idx, weights) and the
+// addend are loaded before pdl_wait(): the router wrote them, and the side work that made the addend was
+// joined before the work list, all kernels that completed before the down GEMM ahead of this one started
+// (pdl.cuh); only the expert rows y come after the wait. Measured on an H200 against loading everything
+// after the wait (kernel_bench --moe, one call, two runs each): the 48B's routed experts 37.9-38.3 against
+// 39.2-39.4 µs at batch 1, 209-210 against 210-211 at batch 8; the MoE layer 58.3 against 59.5 µs
+// (--layer-split).
+// kSlots (the top_k rounded up to 8 or 16): all slots' loads go out before any is added (a loop over a
+// run-time top_k waited for each slot's expert id, then its row, in turn); the sum is still taken in slot
+// order. A weight is loaded whatever its slot's expert, so that it does not wait for the id. Sized by the
+// top_k: with 16 slots for top-8 the kernel held 118 registers, two CTAs per SM, and an 8K-token prefill
+// chunk's combine took 342 µs (2 TB/s; ncu on an H200); with 8, 64 registers and 158 µs.
+template <int kSlots>
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams p) {
   const int64_t t = blockIdx.x;
-  const int64_t d4 = static_cast<int64_t>(blockIdx.y) * kCombineThreads + threadIdx.x;
+  const int64_t d4 = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   const bool inside = d4 * 4 < p.hidden;
   float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   if (p.addend != nullptr && inside) a = load_addend4(p.addend, p.addend_bf16, t, p.hidden, d4);
@@ -618,28 +625,27 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams 
   auto add_slot = [&](float w, float4 v) {
     acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
   };
-  if (p.top_k <= kCombineMaxSlots) {
-    // All slots' loads go out before any is added (a loop over a run-time top_k waited for each slot's
-    // expert id, then its row, in turn); the sum is still taken in slot order.
-    bool here[kCombineMaxSlots];
-    float w[kCombineMaxSlots];
+  if constexpr (kSlots > 0) {
+    bool here[kSlots];
+    float w[kSlots];
 #pragma unroll
-    for (int j = 0; j < kCombineMaxSlots; ++j) {
+    for (int j = 0; j < kSlots; ++j) {
       const int64_t pair = t * p.top_k + j;
       const int64_t e = j < p.top_k ? static_cast<int64_t>(p.idx[pair]) - p.expert_begin : -1;
+      const float wj = j < p.top_k ? p.weights[pair] : 0.0f;
       here[j] = e >= 0 && e < p.local;
-      w[j] = here[j] ? p.weights[pair] : 0.0f;
+      w[j] = here[j] ? wj : 0.0f;
     }
     pdl_wait();
     pdl_trigger();
     if (!inside) return;
-    float4 v[kCombineMaxSlots];
+    float4 v[kSlots];
 #pragma unroll
-    for (int j = 0; j < kCombineMaxSlots; ++j) {
+    for (int j = 0; j < kSlots; ++j) {
       if (here[j]) v[j] = reinterpret_cast<const float4*>(p.y + (t * p.top_k + j) * p.hidden)[d4];
     }
 #pragma unroll
-    for (int j = 0; j < kCombineMaxSlots; ++j) {
+    for (int j = 0; j < kSlots; ++j) {
       if (here[j]) add_slot(w[j], v[j]);
     }
   } else {
@@ -655,6 +661,23 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams 
   }
   acc.x += a.x, acc.y += a.y, acc.z += a.z, acc.w += a.w;
   reinterpret_cast<float4*>(p.out + t * p.hidden)[d4] = acc;
+}
+
+// The combine's launch: a token's D / 4 float4 columns in as few CTAs as take them at kCombineThreads
+// each, split evenly (2,304 columns: 3 CTAs of 192 threads, where 256-thread CTAs left a third of the
+// last one idle).
+void launch_combine(const CombineParams& cp, int64_t rows, cudaStream_t stream) {
+  const int64_t cols = (cp.hidden + 3) / 4, blocks = (cols + kCombineThreads - 1) / kCombineThreads;
+  const unsigned threads = static_cast<unsigned>((cols + blocks - 1) / blocks + 31) / 32 * 32;
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(blocks));
+  if (cp.top_k <= 8) {
+    launch_pdl(combine_kernel<8>, grid, threads, 0, stream, cp);
+  } else if (cp.top_k <= kCombineMaxSlots) {
+    launch_pdl(combine_kernel<kCombineMaxSlots>, grid, threads, 0, stream, cp);
+  } else {
+    launch_pdl(combine_kernel<0>, grid, threads, 0, stream, cp);
+  }
+  HLM_CHECK_LAUNCH("combine_kernel");
 }
 
 // MXFP4 codes [E_l, rows, cols/2] and scales [E_l, rows, cols/32] of one matrix.
@@ -856,9 +879,7 @@ Tensor moe_experts(CudaContext& ctx, const Tensor& x, const Tensor& idx, const T
                          static_cast<int>(local),
                          addend != nullptr ? addend->raw() : nullptr,
                          addend != nullptr && addend->dtype() == DType::kBF16};
-  launch_pdl(combine_kernel, dim3(static_cast<unsigned>(rows), blocks_for(hidden / 4, kCombineThreads)),
-             kCombineThreads, 0, stream, cp);
-  HLM_CHECK_LAUNCH("combine_kernel");
+  launch_combine(cp, rows, stream);
   return out;
 }
 
