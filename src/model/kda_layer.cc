@@ -99,11 +99,13 @@ Tensor KdaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext
     gate = gate.reshape({t, hl, hd});  // [T, Hl, V]
     ops.end_side();
 
-    Tensor qkv = in_proj_.parts(ops, x, proj, kQ, kV);           // [T, 3·Dl]
-    qkv = ops.short_conv(qkv, conv_, ctx.seqs, conv_state_);     // [T, 3·Dl] after silu
-    Tensor q = ops.slice_last(qkv, 0, dl).reshape({t, hl, hd});  // [T, Hl, K]
-    Tensor k = ops.slice_last(qkv, dl, 2 * dl).reshape({t, hl, hd});
-    Tensor v = ops.slice_last(qkv, 2 * dl, 3 * dl).reshape({t, hl, hd});
+    // q, k and v as three planes, each contiguous for the core without a copy.
+    const Tensor qkv_in = in_proj_.parts(ops, x, proj, kQ, kV);  // [T, 3·Dl]
+    const Tensor qkv =
+        ops.short_conv_planes(qkv_in, conv_, ctx.seqs, conv_state_, 3);  // [3, T, Dl] after silu
+    Tensor q = qkv[0].reshape({t, hl, hd});                              // [T, Hl, K]
+    Tensor k = qkv[1].reshape({t, hl, hd});
+    Tensor v = qkv[2].reshape({t, hl, hd});
     ops.join_side();
 
     if (ctx.decode_only) {

@@ -310,6 +310,17 @@ class Ops {
   // Depthwise causal conv (kernel W, no bias) + silu per sequence, continuing from and updating the
   // sequence's conv state (the last W-1 raw inputs). x [T, C], w [C, W], state [slots, C, W-1] -> [T, C]
   virtual Tensor short_conv(const Tensor& x, const Tensor& w, const SeqBatch& seqs, Tensor& state) = 0;
+  // short_conv with its C output columns as `planes` planes of C / planes columns: x [T, C] -> [planes, T,
+  // C / planes] (KDA's q, k and v, each then contiguous for the core). Defined here as exactly short_conv
+  // and transpose01 (the CPU reference); a device backend writes the planes from the conv's kernel.
+  virtual Tensor short_conv_planes(const Tensor& x, const Tensor& w, const SeqBatch& seqs, Tensor& state,
+                                   int64_t planes) {
+    HLM_CHECK(x.rank() == 2 && planes >= 1 && x.dim(1) % planes == 0,
+              "short_conv_planes: the channel count of x {} must be a multiple of the plane count {}",
+              x.describe(), planes);
+    const Tensor y = short_conv(x, w, seqs, state);  // [T, C]
+    return transpose01(y.reshape({x.dim(0), planes, x.dim(1) / planes}));
+  }
   // Forget gate in log space. graw [T, H·K], a_log [H], dt_bias [H·K] -> g [T, H·K] (fp32, g <= 0).
   // lower_bound == 0: g = -exp(a_log)·softplus(graw + dt_bias) (threshold 20);
   // lower_bound < 0:  g = lower_bound·sigmoid(exp(a_log)·(graw + dt_bias))   (K3's bounded gate).

@@ -135,16 +135,26 @@ std::vector<int64_t> uncovered_rows(const std::vector<SeqSpan>& spans, int64_t r
 
 // One short_conv call on both backends from the same cache, checked: output within kBf16OutTol and zero on
 // rows of no sequence, the cache exactly the CPU's on the batch's slots and untouched elsewhere. x and w are
-// the CPU's inputs (x rounded to bf16; the GPU gets it as BF16), gpu_w the GPU's copy of w.
+// the CPU's inputs (x rounded to bf16; the GPU gets it as BF16), gpu_w the GPU's copy of w. planes > 1
+// calls short_conv_planes on both (the CPU's is the reference composition of short_conv and transpose01).
 void run_conv_and_compare(Ops& gpu, Ops& cpu, const Tensor& x, const Tensor& w, const Tensor& gpu_w,
                           const std::vector<SeqSpan>& spans, Tensor& gpu_state, Tensor& cpu_state,
-                          const std::string& what) {
+                          int64_t planes, const std::string& what) {
   const Tensor gpu_x = gpu.upload(as_bf16(x));
   const SeqBatch batch = device_batch(gpu, spans);
   const Tensor before = gpu.to_host_f32(gpu_state);
-  const Tensor y = run_poisoned(gpu, [&] { return gpu.short_conv(gpu_x, gpu_w, batch, gpu_state); });
-  EXPECT_LE(rel_l2(y, cpu.short_conv(x, w, spans, cpu_state)), kBf16OutTol) << what << ": output";
-  EXPECT_TRUE(rows_are_zero(y, uncovered_rows(spans, x.dim(0)))) << what;
+  const Tensor y = run_poisoned(gpu, [&] {
+    return planes == 1 ? gpu.short_conv(gpu_x, gpu_w, batch, gpu_state)
+                       : gpu.short_conv_planes(gpu_x, gpu_w, batch, gpu_state, planes);
+  });
+  const Tensor ref = planes == 1 ? cpu.short_conv(x, w, spans, cpu_state)
+                                 : cpu.short_conv_planes(x, w, spans, cpu_state, planes);
+  ASSERT_EQ(y.shape(), ref.shape()) << what;
+  EXPECT_LE(rel_l2(y, ref), kBf16OutTol) << what << ": output";
+  for (int64_t p = 0; p < (planes == 1 ? 1 : planes); ++p) {
+    EXPECT_TRUE(rows_are_zero(planes == 1 ? y : y[p], uncovered_rows(spans, x.dim(0))))
+        << what << ", plane " << p;
+  }
   expect_state(gpu.to_host_f32(gpu_state), before, cpu_state, spans, 0.0, what + ": conv cache");
 }
 
@@ -155,29 +165,40 @@ TEST(CudaKda, ShortConvMatchesCpu) {
   gpu->reserve_workspace(kArenaBytes);
   auto cpu = make_cpu_ops();
   std::mt19937 rng(21);
-  // 300 channels: two CTAs across, the second partial. Spans out of row order; a 70-token sequence crosses
-  // three 32-row tiles; sequences of 1 and 2 tokens shift the cache partly; a padding span (slot -1), an
-  // empty span on slot 2 that must leave it alone, rows 81..83 in no span, slot 6 unused.
-  const int64_t channels = 300, width = 4, slots = 7, rows = 84;
+  // 300 channels: the kernel of a channel per thread, two CTAs across, the second partial; 2,064: the kernel
+  // of 8 channels per thread (1,024 per CTA), the third CTA partial; as 3 planes of 688 for q, k and v; width
+  // 6: the kernel of a channel per thread for widths up to 8. Spans out of row order; a 70-token sequence
+  // crosses three 32-row tiles; sequences of 1 and 2 tokens shift the cache partly; a padding span (slot -1),
+  // an empty span on slot 2 that must leave it alone, rows 81..83 in no span, slot 6 unused.
+  const int64_t slots = 7, rows = 84;
   const std::vector<SeqSpan> prefill = {{8, 70, 4},  {0, 5, 3},  {5, 1, 0}, {6, 2, 5},
                                         {78, 0, -1}, {78, 3, 1}, {81, 0, 2}};
   // Then a decode-shaped call: one token per sequence, one padding span, row 2 in no span.
   const std::vector<SeqSpan> decode = {{0, 1, 3}, {1, 1, 0}, {2, 0, -1}, {3, 1, 4}};
-  for (DType state_dtype : {DType::kF32, DType::kBF16}) {
-    const std::string what = "state " + std::string(dtype_name(state_dtype));
-    // BF16 weights with an F32 cache (Kimi-Linear-48B's checkpoint, our allocation), F32 with BF16 (K3-like).
-    const bool bf16_weights = state_dtype == DType::kF32;
-    Tensor w = random_f32({channels, width}, rng);
-    if (bf16_weights) w = round_bf16(w);
-    Tensor cpu_state = random_f32({slots, channels, width - 1}, rng, -2.0f, 2.0f);
-    if (state_dtype == DType::kBF16) cpu_state = round_bf16(cpu_state);
-    Tensor gpu_w = gpu->upload(bf16_weights ? as_bf16(w) : w);
-    Tensor gpu_state = gpu->upload(state_dtype == DType::kBF16 ? as_bf16(cpu_state) : cpu_state);
+  for (const auto& [channels, planes, width] : {std::tuple<int64_t, int64_t, int64_t>{300, 1, 4},
+                                                {2064, 1, 4},
+                                                {2064, 3, 4},
+                                                {300, 3, 4},
+                                                {96, 1, 6}}) {
+    for (DType state_dtype : {DType::kF32, DType::kBF16}) {
+      const std::string what = std::to_string(channels) + " channels in " + std::to_string(planes) +
+                               " planes, width " + std::to_string(width) + ", state " +
+                               std::string(dtype_name(state_dtype));
+      // BF16 weights with an F32 cache (Kimi-Linear-48B's checkpoint, our allocation), F32 with BF16
+      // (K3-like).
+      const bool bf16_weights = state_dtype == DType::kF32;
+      Tensor w = random_f32({channels, width}, rng);
+      if (bf16_weights) w = round_bf16(w);
+      Tensor cpu_state = random_f32({slots, channels, width - 1}, rng, -2.0f, 2.0f);
+      if (state_dtype == DType::kBF16) cpu_state = round_bf16(cpu_state);
+      Tensor gpu_w = gpu->upload(bf16_weights ? as_bf16(w) : w);
+      Tensor gpu_state = gpu->upload(state_dtype == DType::kBF16 ? as_bf16(cpu_state) : cpu_state);
 
-    for (const auto& [spans, t] : {std::pair{prefill, rows}, std::pair{decode, int64_t{5}}}) {
-      const Tensor x = round_bf16(random_f32({t, channels}, rng, -2.0f, 2.0f));
-      run_conv_and_compare(*gpu, *cpu, x, w, gpu_w, spans, gpu_state, cpu_state,
-                           what + ", " + std::to_string(spans.size()) + " spans");
+      for (const auto& [spans, t] : {std::pair{prefill, rows}, std::pair{decode, int64_t{5}}}) {
+        const Tensor x = round_bf16(random_f32({t, channels}, rng, -2.0f, 2.0f));
+        run_conv_and_compare(*gpu, *cpu, x, w, gpu_w, spans, gpu_state, cpu_state, planes,
+                             what + ", " + std::to_string(spans.size()) + " spans");
+      }
     }
   }
 }
@@ -189,24 +210,30 @@ TEST(CudaKda, GateMatchesCpu) {
   gpu->reserve_workspace(kArenaBytes);
   auto cpu = make_cpu_ops();
   std::mt19937 rng(22);
-  const int64_t rows = 37, heads = 3, kd = 16;
-  // Both softplus branches (threshold 20) and saturated sigmoids.
-  const Tensor graw = round_bf16(random_f32({rows, heads * kd}, rng, -30.0f, 30.0f));
-  const Tensor gpu_graw = gpu->upload(as_bf16(graw));
-  for (bool bf16_params : {false, true}) {
-    Tensor a_log = random_f32({heads}, rng, -1.0f, 2.0f), dt = random_f32({heads * kd}, rng);
-    if (bf16_params) {
-      a_log = round_bf16(a_log);
-      dt = round_bf16(dt);
-    }
-    const Tensor gpu_a_log = gpu->upload(bf16_params ? as_bf16(a_log) : a_log);
-    const Tensor gpu_dt = gpu->upload(bf16_params ? as_bf16(dt) : dt);
-    for (float lower : {0.0f, -5.0f}) {
-      const Tensor g = run_poisoned(*gpu, [&] { return gpu->kda_gate(gpu_graw, gpu_a_log, gpu_dt, lower); });
-      const Tensor ref = cpu->kda_gate(graw, a_log, dt, lower);
-      EXPECT_LE(rel_l2(g, ref), kGateTol) << "lower_bound " << lower << ", bf16 params " << bf16_params;
-      for (int64_t i = 0; i < g.numel(); ++i) {
-        ASSERT_TRUE(g.data<float>()[i] <= 0.0f && g.data<float>()[i] >= (lower < 0 ? lower : -1e30f)) << i;
+  // 37 rows: a row per thread (too few rows for 16-row CTAs to fill the GPU); 4,237: 16 rows per thread (on
+  // GPUs of up to 132 SMs), the last CTA partial. K = 16: 4 columns per thread; K = 5 (width 15): one.
+  const int64_t heads = 3;
+  for (const auto& [rows, kd] : {std::pair<int64_t, int64_t>{37, 16}, {37, 5}, {4237, 16}, {4237, 5}}) {
+    // Both softplus branches (threshold 20) and saturated sigmoids.
+    const Tensor graw = round_bf16(random_f32({rows, heads * kd}, rng, -30.0f, 30.0f));
+    const Tensor gpu_graw = gpu->upload(as_bf16(graw));
+    for (bool bf16_params : {false, true}) {
+      Tensor a_log = random_f32({heads}, rng, -1.0f, 2.0f), dt = random_f32({heads * kd}, rng);
+      if (bf16_params) {
+        a_log = round_bf16(a_log);
+        dt = round_bf16(dt);
+      }
+      const Tensor gpu_a_log = gpu->upload(bf16_params ? as_bf16(a_log) : a_log);
+      const Tensor gpu_dt = gpu->upload(bf16_params ? as_bf16(dt) : dt);
+      for (float lower : {0.0f, -5.0f}) {
+        const Tensor g =
+            run_poisoned(*gpu, [&] { return gpu->kda_gate(gpu_graw, gpu_a_log, gpu_dt, lower); });
+        const Tensor ref = cpu->kda_gate(graw, a_log, dt, lower);
+        EXPECT_LE(rel_l2(g, ref), kGateTol)
+            << rows << " rows, K " << kd << ", lower_bound " << lower << ", bf16 params " << bf16_params;
+        for (int64_t i = 0; i < g.numel(); ++i) {
+          ASSERT_TRUE(g.data<float>()[i] <= 0.0f && g.data<float>()[i] >= (lower < 0 ? lower : -1e30f)) << i;
+        }
       }
     }
   }
@@ -217,8 +244,9 @@ TEST(CudaKda, GatedRmsNormMatchesCpu) {
   gpu->reserve_workspace(kArenaBytes);
   auto cpu = make_cpu_ops();
   std::mt19937 rng(23);
-  // V = 128 (both models), 16 (fixtures) and 40 (lanes past the end of the row on the last pass).
-  for (int64_t vd : {128, 16, 40}) {
+  // V = 128 (both models), 16 (fixtures), 40 (lanes past the end of the row), 264 (a second pass, lanes
+  // past its end) and 42 (not a multiple of 4: the kernel of an element per lane and pass).
+  for (int64_t vd : {128, 16, 40, 264, 42}) {
     for (bool bf16_weight : {true, false}) {  // 48B stores o_norm in bf16, K3 in f32
       const int64_t rows = 5, heads = 4;
       const Tensor o = round_bf16(random_f32({rows, heads, vd}, rng, -2.0f, 2.0f));
@@ -557,7 +585,7 @@ TEST(CudaKda, LargeBatchMatchesCpu) {
                w = round_bf16(random_f32({channels, 4}, rng));
   Tensor cpu_conv = random_f32({seqs, channels, 3}, rng);
   Tensor gpu_conv = gpu->upload(cpu_conv);
-  run_conv_and_compare(*gpu, *cpu, x, w, gpu->upload(as_bf16(w)), spans, gpu_conv, cpu_conv, "conv");
+  run_conv_and_compare(*gpu, *cpu, x, w, gpu->upload(as_bf16(w)), spans, gpu_conv, cpu_conv, 3, "conv");
   for (int64_t dim : {16, 128}) {
     Tensor cpu_state = random_f32({seqs, heads, dim, dim}, rng, -0.5f, 0.5f);
     Tensor gpu_state = gpu->upload(cpu_state);

@@ -88,8 +88,11 @@ void convert(CudaContext& ctx, const Tensor& src, Tensor& dst);
 void random_fill(CudaContext& ctx, Tensor& t, const RandomFill& fill);
 
 // --- KDA (kda_conv_gate.cu, kda_decode.cu, kda_prefill.cu) -----------------------------------------------
-// x [T, C] (BF16/F32), w [C, W] (BF16/F32), state [slots, C, W-1] (BF16/F32, raw inputs) -> [T, C] BF16.
-Tensor short_conv(CudaContext& ctx, const Tensor& x, const Tensor& w, const SeqBatch& seqs, Tensor& state);
+// x [T, C] (BF16/F32), w [C, W] (BF16/F32), state [slots, C, W-1] (BF16/F32, raw inputs) -> [T, C] BF16
+// (planes 1), or the C output columns as `planes` planes [planes, T, C / planes] BF16
+// (Ops::short_conv_planes).
+Tensor short_conv(CudaContext& ctx, const Tensor& x, const Tensor& w, const SeqBatch& seqs, Tensor& state,
+                  int64_t planes = 1);
 // graw [T, H*K] (BF16/F32), a_log [H], dt_bias [H*K] (F32 or BF16) -> F32 [T, H*K].
 Tensor kda_gate(CudaContext& ctx, const Tensor& graw, const Tensor& a_log, const Tensor& dt_bias,
                 float lower_bound);

@@ -234,6 +234,10 @@ class CudaOps final : public Ops {
   Tensor short_conv(const Tensor& x, const Tensor& w, const SeqBatch& seqs, Tensor& state) override {
     return cuda::short_conv(ctx_, x, w, seqs, state);
   }
+  Tensor short_conv_planes(const Tensor& x, const Tensor& w, const SeqBatch& seqs, Tensor& state,
+                           int64_t planes) override {
+    return cuda::short_conv(ctx_, x, w, seqs, state, planes);
+  }
   Tensor kda_gate(const Tensor& graw, const Tensor& a_log, const Tensor& dt_bias,
                   float lower_bound) override {
     return cuda::kda_gate(ctx_, graw, a_log, dt_bias, lower_bound);

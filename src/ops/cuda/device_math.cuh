@@ -68,6 +68,29 @@ __device__ __forceinline__ void load_floats(const T* p, float (&out)[N]) {
   }
 }
 
+// N consecutive elements kept as they are in memory: one vector load (N · sizeof(T) <= 16 bytes; p
+// aligned to that size) whose conversion waits until the values are used. Memory-bound kernels issue
+// several such loads before converting the first, so that each is not a round trip of its own (a load
+// converted inside the branch that guards it is: see kda_prefill.cu).
+template <class T, int N>
+struct alignas(N * sizeof(T)) RawVec {
+  static_assert(N * sizeof(T) <= 16 && (N & (N - 1)) == 0, "RawVec: one vector load of at most 16 bytes");
+  T e[N];
+  __device__ __forceinline__ void load(const T* p) { *this = *reinterpret_cast<const RawVec*>(p); }
+  __device__ __forceinline__ void to_floats(float (&v)[N]) const {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = to_float(e[i]);
+  }
+};
+// N floats stored as N consecutive elements of T (bf16: rounded to nearest even) in one vector store.
+template <class T, int N>
+__device__ __forceinline__ void store_floats(T* p, const float (&v)[N]) {
+  RawVec<T, N> out;
+#pragma unroll
+  for (int i = 0; i < N; ++i) out.e[i] = from_float<T>(v[i]);
+  *reinterpret_cast<RawVec<T, N>*>(p) = out;
+}
+
 // 2^x by the hardware's approximation (a few ulp; 2^-inf = +0), without exp2f's range fix-up: for softmax
 // weights, whose arguments are at most a few units above 0.
 __device__ __forceinline__ float exp2_approx(float x) {
@@ -118,6 +141,10 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 
 __device__ __forceinline__ float logistic(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+// silu's formula with the hardware's exp and division (each within 2 ulp; x -> -inf gives -0), for outputs
+// rounded to bf16 (8 significant bits): in the KDA short conv the per-element arithmetic takes about as
+// long as the loads (ncu: 41% of the issue slots against 37% of DRAM bandwidth).
+__device__ __forceinline__ float silu_fast(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
 // act(gate) · up: silu, or SiTU = [β·tanh(g/β)·sigmoid(g)] · [β_l·tanh(u/β_l)] (cpu_kernels.h glu_value).
 __device__ __forceinline__ float glu_value(float g, float u, bool situ, float beta, float linear_beta) {
   if (!situ) return silu(g) * u;

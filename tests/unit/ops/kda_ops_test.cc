@@ -57,6 +57,28 @@ TEST(KdaOps, ShortConvMatchesReference) {
   EXPECT_TRUE(all_close(state[2], untouched, 0.0));
 }
 
+TEST(KdaOps, ShortConvPlanesAreTheOutputsColumnBlocks) {
+  auto ops = make_cpu_ops();
+  std::mt19937 rng(9);
+  const int64_t channels = 24, width = 4, slots = 6, rows = 17, planes = 3, per_plane = channels / planes;
+  const std::vector<SeqSpan> seqs = {{0, 5, 3}, {5, 1, 0}, {6, 2, 5}, {8, 0, 1}, {8, 9, 4}};
+  Tensor x = random_tensor({rows, channels}, rng, -2.0f, 2.0f), w = random_tensor({channels, width}, rng);
+  Tensor state = random_tensor({slots, channels, width - 1}, rng);
+  std::vector<double> ref_state = test::to_double(state), ref_out;
+  short_conv_reference(x, w, seqs, ref_state, ref_out);
+  Tensor y = ops->short_conv_planes(x, w, seqs, state, planes);  // [3, T, 8]
+  ASSERT_EQ(y.shape(), (Shape{planes, rows, per_plane}));
+  std::vector<double> expected;  // ref_out [T, C] as planes
+  for (int64_t p = 0; p < planes; ++p) {
+    for (int64_t t = 0; t < rows; ++t) {
+      for (int64_t j = 0; j < per_plane; ++j) expected.push_back(ref_out[t * channels + p * per_plane + j]);
+    }
+  }
+  EXPECT_TRUE(all_close(y, expected, 1e-6));
+  EXPECT_TRUE(all_close(state, ref_state, 0.0));
+  EXPECT_THROW(ops->short_conv_planes(x, w, seqs, state, 5), Error);  // 24 channels in 5 planes
+}
+
 TEST(KdaOps, ShortConvSplitAcrossCallsEqualsOneCall) {
   auto ops = make_cpu_ops();
   std::mt19937 rng(8);
