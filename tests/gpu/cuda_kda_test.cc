@@ -165,9 +165,10 @@ TEST(CudaKda, ShortConvMatchesCpu) {
   gpu->reserve_workspace(kArenaBytes);
   auto cpu = make_cpu_ops();
   std::mt19937 rng(21);
-  // 300 channels: the kernel of a channel per thread, two CTAs across, the second partial; 2,064: the kernel
-  // of 8 channels per thread (1,024 per CTA), the third CTA partial; as 3 planes of 688 for q, k and v; width
-  // 6: the kernel of a channel per thread for widths up to 8. Spans out of row order; a 70-token sequence
+  // 302 channels (and 306 as 3 planes of 102; widths not multiples of 4): the kernel of a channel per
+  // thread, two CTAs across, the second partial; 2,064: the kernel of 4 channels per thread (512 per CTA),
+  // the fifth CTA partial, and as 3 planes of 688 for q, k and v; width 6: the kernel of a channel per thread
+  // for widths up to 8. Spans out of row order; a 70-token sequence
   // crosses three 32-row tiles; sequences of 1 and 2 tokens shift the cache partly; a padding span (slot -1),
   // an empty span on slot 2 that must leave it alone, rows 81..83 in no span, slot 6 unused.
   const int64_t slots = 7, rows = 84;
@@ -175,10 +176,10 @@ TEST(CudaKda, ShortConvMatchesCpu) {
                                         {78, 0, -1}, {78, 3, 1}, {81, 0, 2}};
   // Then a decode-shaped call: one token per sequence, one padding span, row 2 in no span.
   const std::vector<SeqSpan> decode = {{0, 1, 3}, {1, 1, 0}, {2, 0, -1}, {3, 1, 4}};
-  for (const auto& [channels, planes, width] : {std::tuple<int64_t, int64_t, int64_t>{300, 1, 4},
+  for (const auto& [channels, planes, width] : {std::tuple<int64_t, int64_t, int64_t>{302, 1, 4},
                                                 {2064, 1, 4},
                                                 {2064, 3, 4},
-                                                {300, 3, 4},
+                                                {306, 3, 4},
                                                 {96, 1, 6}}) {
     for (DType state_dtype : {DType::kF32, DType::kBF16}) {
       const std::string what = std::to_string(channels) + " channels in " + std::to_string(planes) +

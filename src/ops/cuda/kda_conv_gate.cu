@@ -15,16 +15,18 @@ namespace {
 
 constexpr int kMaxConvWidth = 8;  // the models use 4
 constexpr int kConvRows = 32;     // rows of the batch per CTA of short_conv_kernel, at most
-constexpr int kConvVec = 8;       // channels per thread of the vector kernel: one 16-byte load of bf16
+constexpr int kConvVec = 4;       // channels per thread of the vector kernel: one 8-byte load of bf16
 constexpr int kConvVecWidth = 4;  // the kernel width of the vector kernel (both models' width)
-// Threads per CTA, and rows whose inputs a thread loads before it computes the first of them: the vector
-// kernel keeps 8 rows of 16 bytes in flight in about 165 registers, so its CTAs are smaller, three per SM.
+// Threads per CTA, and rows whose inputs a thread loads before it computes the first of them. The vector
+// kernel's registers decide how many warps hide its loads (ncu, 8K prefill chunk, per layer): 8 channels per
+// thread in 167 registers, three 128-thread CTAs per SM, 218 µs; 4 channels in 128 registers, 205 µs; 4 in
+// 96 (five CTAs per SM, 20 bytes spilled), 181 µs.
 constexpr int conv_threads(int vec) { return vec == 1 ? 256 : 128; }
 constexpr int conv_ahead(int vec) { return vec == 1 ? 4 : 8; }
-// CTAs per SM the register budget is sized for: five of the width-4 kernel of a channel per thread keep
-// its 48 registers (a decode step's conv is waves of small CTAs; at 62 registers, four per SM, it took
+// CTAs per SM the register budget is sized for (above); five of the width-4 kernel of a channel per thread
+// keep its 48 registers (a decode step's conv is waves of small CTAs; at 62 registers, four per SM, it took
 // 17 µs per layer at batch 64 against 15).
-constexpr int conv_min_blocks(int vec, int width) { return vec > 1 ? 3 : width <= 4 ? 5 : 1; }
+constexpr int conv_min_blocks(int vec, int width) { return vec > 1 ? 5 : width <= 4 ? 5 : 1; }
 
 template <class XT>
 struct ShortConvParams {
@@ -43,7 +45,7 @@ struct ShortConvParams {
 };
 
 // A CTA takes rows_per_cta consecutive rows and conv_threads(kVec) · kVec channels; a thread owns kVec
-// consecutive channels (kVec = 8: one 16-byte load of bf16 per row; consecutive threads read consecutive
+// consecutive channels (kVec = 4: one 8-byte load of bf16 per row; consecutive threads read consecutive
 // channels: coalesced) and walks the rows, keeping the window of inputs in registers from one row of a
 // sequence to the next, so that each row loads one new input instead of W (measured on an H200: an 8K-token
 // prefill of the 48B model 21,834-21,853 -> 22,031-22,046 tokens/s). The inputs of conv_ahead(kVec) rows
@@ -209,7 +211,8 @@ __global__ void __launch_bounds__(kStateThreads) short_conv_state_kernel(ShortCo
 template <class XT>
 void launch_short_conv(const ShortConvParams<XT>& p, cudaStream_t stream) {
   const unsigned row_blocks = blocks_for(p.rows, p.rows_per_cta);
-  // Rows and plane starts stay 16-byte aligned when the bases are and a plane's width is a multiple of 8.
+  // Rows and plane starts stay aligned to a thread's vector when the bases are 16-byte aligned and a plane's
+  // width is a multiple of kConvVec.
   // Decode steps (a row per CTA) keep a channel per thread: with 8, a thread's serial chain of cache loads
   // and stores is 8 times longer.
   const bool vec = std::is_same_v<XT, __nv_bfloat16> && p.rows_per_cta > 1 && p.width == kConvVecWidth &&
