@@ -589,6 +589,25 @@ TEST(CudaMoe, ExpertsPrefillBatchesTiled) {
   }
 }
 
+// From 8,192 pairs the work list is built by several CTAs of 4,096 pairs each (moe_experts.cu): 10,400 pairs
+// in three CTAs, the last partial, with one local expert in slot 0 of every token (its segment gathered from
+// all three), the other slots mostly local, the rest on other ranks; tiled (BF16 x) and streaming (F32 x).
+TEST(CudaMoe, ExpertsLargeBatchWorkListOverCtas) {
+  HLM_GPU_OR_SKIP(gpu);
+  auto cpu = make_cpu_ops();
+  std::mt19937 rng(61);
+  const int64_t hidden = 128, inter = 64, local = 40, begin = 8, k = 4, rows = 2600;
+  Tensor idx = random_routing(rows, k, 96, begin, local, 0.7, rng);
+  for (int64_t t = 0; t < rows; ++t) idx.data<int32_t>()[t * k] = static_cast<int32_t>(begin);
+  const Tensor x = round_bf16(random_f32({rows, hidden}, rng)),
+               weights = random_f32({rows, k}, rng, 0.1f, 1.5f);
+  const Experts ex = dense_experts(*gpu, local, inter, hidden, DType::kBF16, rng);
+  for (DType x_dtype : {DType::kBF16, DType::kF32}) {
+    expect_experts_match(*gpu, *cpu, x, idx, weights, ex, begin, activation(Activation::kSilu), x_dtype,
+                         x_dtype == DType::kBF16 ? "tiled" : "F32 x");
+  }
+}
+
 // Many local experts (1,024 and 1,100, the last one among those routed to) under a decode-sized batch (12
 // pairs: the one-warp work list).
 TEST(CudaMoe, ExpertsManyLocalExpertsSmallBatch) {

@@ -360,11 +360,14 @@ __global__ void __launch_bounds__(kNormThreads) gated_rms_norm_kernel(GatedRmsNo
 #pragma unroll
     for (int e = 0; e < kVec; ++e) sum_sq += x_first[e] * x_first[e];
   }
-  for (int i = first + kStride; i < p.dim; i += kStride) {
+  auto load_o = [&](int i, float(&x)[kVec]) {
     RawVec<OT, kVec> raw;
     raw.load(o + i);
-    float x[kVec];
     raw.to_floats(x);
+  };
+  for (int i = first + kStride; i < p.dim; i += kStride) {
+    float x[kVec];
+    load_o(i, x);
 #pragma unroll
     for (int e = 0; e < kVec; ++e) sum_sq += x[e] * x[e];
   }
@@ -380,12 +383,10 @@ __global__ void __launch_bounds__(kNormThreads) gated_rms_norm_kernel(GatedRmsNo
   };
   if (first < p.dim) store(first, x_first, gate_first);
   for (int i = first + kStride; i < p.dim; i += kStride) {
-    RawVec<OT, kVec> raw;
     RawVec<GT, kVec> gate_raw;
-    raw.load(o + i);
     gate_raw.load(gate + i);
     float x[kVec];
-    raw.to_floats(x);
+    load_o(i, x);
     store(i, x, gate_raw);
   }
 }

@@ -1,7 +1,8 @@
 // Routed experts on the GPU (docs/MODEL.md §7.2, §7.5): Σ_k w · down_e(act(gate_e x) ⊙ up_e x) over the
-// experts this rank holds, in four launches that never need the per-expert counts on the host (so a
+// experts this rank holds, in four steps that never need the per-expert counts on the host (so a
 // decode step can be captured as a CUDA graph):
-//  1. build_work_list_kernel (build_small_work_list_kernel, one warp, for up to 32 pairs): the
+//  1. build_work_list_kernel (build_small_work_list_kernel, one warp, up to 32 pairs; from 8,192 pairs three
+//     kernels of several CTAs, count_pairs_kernel, segment_pairs_kernel and place_pairs_kernel): the
 //     expert-major work list in fixed worst-case buffers: the active local experts in ascending order,
 //     each with its segment of (token, slot) pairs t·k + j.
 //  2. expert_gemm_kernel<gate, up>: per active expert and 16-row tile of the intermediate, the gate and up
@@ -34,9 +35,14 @@ namespace hlm::cuda {
 namespace {
 
 constexpr int kSplitK = 4;            // warps per GEMM CTA (but see expert_gemm_bf16_one_tile_kernel)
-constexpr int kListThreads = 1024;    // the work-list kernel is one CTA
+constexpr int kListThreads = 1024;    // per work-list CTA
 constexpr int kExpertsPerThread = 4;  // local experts each work-list thread scans
 constexpr int kMaxLocalExperts = kListThreads * kExpertsPerThread;
+// Pairs per CTA of the work list's multi-CTA form, taken from kListMultiCtaPairs pairs on: the one-CTA
+// kernel is bound by its shared-memory atomics, two per pair on one SM (an 8K-token chunk of the 48B at
+// top-8, 65,536 pairs: 72-78 µs, ncu on an H200).
+constexpr int64_t kListPairsPerCta = 4096;
+constexpr int64_t kListMultiCtaPairs = 2 * kListPairsPerCta;
 constexpr int kCombineThreads = 256;  // at most, per combine CTA (launch_combine)
 constexpr int kCombineMaxSlots = 16;  // top_k up to this (K3: 16) takes combine_kernel's unrolled path
 // Batches of at least this many pairs per local expert (on average) take the tiled GEMMs
@@ -60,7 +66,17 @@ struct WorkListParams {
   int64_t expert_begin;
   int local;  // E_l
   WorkList list;
+  // The multi-CTA form only: its CTA count G, and [G, E_l] counts per CTA and expert, then where each
+  // CTA's pairs of each expert begin in the entries.
+  int ctas;
+  int32_t* cta_counts;
 };
+
+// Pair i's local expert, or -1 where its expert is not in [expert_begin, expert_begin + E_l).
+__device__ __forceinline__ int local_expert(const WorkListParams& p, int64_t i) {
+  const int64_t e = static_cast<int64_t>(p.idx[i]) - p.expert_begin;
+  return e >= 0 && e < p.local ? static_cast<int>(e) : -1;
+}
 
 // Inclusive prefix sums over the CTA of two counters at once (entries, active experts). `warp_sums`
 // holds [2][32] ints.
@@ -87,29 +103,15 @@ __device__ __forceinline__ void block_inclusive_scan2(int& a, int& b, int* warp_
   if (warp > 0) a += warp_sums[warp - 1], b += warp_sums[32 + warp - 1];
 }
 
-// One CTA of 1024 threads: per-expert counts in shared memory (atomics), one scan of the counts and of
-// the active flags (each thread owns 4 consecutive experts), the active-slot arrays, then every pair goes
-// to its expert's segment through a shared cursor. Pairs whose id is outside [expert_begin, + E_l) are
-// left out. The order inside a segment follows the atomics and can change between runs; each pair's
-// result is computed on its own, so the outputs do not depend on it.
-__global__ void __launch_bounds__(kListThreads) build_work_list_kernel(WorkListParams p) {
-  pdl_wait();
-  pdl_trigger();
-  __shared__ int cursor[kMaxLocalExperts];  // counts, then each segment's next free entry
-  __shared__ int warp_sums[64];
+// From each thread's counts of its experts tid·4 + q (zero past E_l): the active-slot arrays and
+// num_active by one scan over the CTA of the counts and of the active flags, and begin[q], where each of
+// the thread's experts' segment begins in the entries. `warp_sums` holds [2][32] ints.
+__device__ void write_segments(const WorkListParams& p, const int (&count)[kExpertsPerThread],
+                               int (&begin)[kExpertsPerThread], int* warp_sums) {
   const int tid = threadIdx.x;
-  for (int e = tid; e < p.local; e += kListThreads) cursor[e] = 0;
-  __syncthreads();
-  for (int64_t i = tid; i < p.pairs; i += kListThreads) {
-    const int64_t e = static_cast<int64_t>(p.idx[i]) - p.expert_begin;
-    if (e >= 0 && e < p.local) atomicAdd(&cursor[e], 1);
-  }
-  __syncthreads();
-  int count[kExpertsPerThread], entries = 0, active = 0;
+  int entries = 0, active = 0;
 #pragma unroll
   for (int q = 0; q < kExpertsPerThread; ++q) {
-    const int e = tid * kExpertsPerThread + q;
-    count[q] = e < p.local ? cursor[e] : 0;
     entries += count[q];
     active += count[q] > 0;
   }
@@ -118,23 +120,114 @@ __global__ void __launch_bounds__(kListThreads) build_work_list_kernel(WorkListP
   int next_entry = entry_end - entries, next_slot = active_end - active;
 #pragma unroll
   for (int q = 0; q < kExpertsPerThread; ++q) {
-    const int e = tid * kExpertsPerThread + q;
-    if (e >= p.local) break;
     if (count[q] > 0) {
-      p.list.active_expert[next_slot] = e;
+      p.list.active_expert[next_slot] = tid * kExpertsPerThread + q;
       p.list.active_begin[next_slot] = next_entry;
       p.list.active_count[next_slot] = count[q];
       ++next_slot;
     }
-    cursor[e] = next_entry;  // only this thread reads or writes its experts' counters here
+    begin[q] = next_entry;
     next_entry += count[q];
   }
   if (tid == kListThreads - 1) *p.list.num_active = active_end;
-  __syncthreads();
-  for (int64_t i = tid; i < p.pairs; i += kListThreads) {
-    const int64_t e = static_cast<int64_t>(p.idx[i]) - p.expert_begin;
-    if (e >= 0 && e < p.local) p.list.entries[atomicAdd(&cursor[e], 1)] = static_cast<int32_t>(i);
+}
+
+// Pairs [begin, end) to their experts' segments through the shared cursors (each expert's next free entry).
+__device__ __forceinline__ void place_pairs(const WorkListParams& p, int64_t begin, int64_t end,
+                                            int* cursor) {
+  for (int64_t i = begin + threadIdx.x; i < end; i += kListThreads) {
+    const int e = local_expert(p, i);
+    if (e >= 0) p.list.entries[atomicAdd(&cursor[e], 1)] = static_cast<int32_t>(i);
   }
+}
+
+// Pairs [begin, end) counted per local expert into the shared counters `count`.
+__device__ __forceinline__ void count_pairs(const WorkListParams& p, int64_t begin, int64_t end, int* count) {
+  for (int e = threadIdx.x; e < p.local; e += kListThreads) count[e] = 0;
+  __syncthreads();
+  for (int64_t i = begin + threadIdx.x; i < end; i += kListThreads) {
+    const int e = local_expert(p, i);
+    if (e >= 0) atomicAdd(&count[e], 1);
+  }
+  __syncthreads();
+}
+
+// One CTA of 1024 threads: per-expert counts in shared memory (atomics), the segments (write_segments),
+// then every pair goes to its expert's segment through a shared cursor. Pairs whose id is outside
+// [expert_begin, + E_l) are left out. The order inside a segment follows the atomics and can change
+// between runs; each pair's result is computed on its own, so the outputs do not depend on it.
+__global__ void __launch_bounds__(kListThreads) build_work_list_kernel(WorkListParams p) {
+  pdl_wait();
+  pdl_trigger();
+  __shared__ int cursor[kMaxLocalExperts];  // counts, then each segment's next free entry
+  __shared__ int warp_sums[64];
+  const int tid = threadIdx.x;
+  count_pairs(p, 0, p.pairs, cursor);
+  int count[kExpertsPerThread], begin[kExpertsPerThread];
+#pragma unroll
+  for (int q = 0; q < kExpertsPerThread; ++q) {
+    const int e = tid * kExpertsPerThread + q;
+    count[q] = e < p.local ? cursor[e] : 0;
+  }
+  write_segments(p, count, begin, warp_sums);
+#pragma unroll
+  for (int q = 0; q < kExpertsPerThread; ++q) {
+    const int e = tid * kExpertsPerThread + q;
+    if (e < p.local) cursor[e] = begin[q];  // only this thread reads or writes its experts' counters here
+  }
+  __syncthreads();
+  place_pairs(p, 0, p.pairs, cursor);
+}
+
+// The same list from kListMultiCtaPairs pairs on, in three kernels, CTA g of the first and the last taking
+// pairs [g·kListPairsPerCta, + kListPairsPerCta). 1: each CTA counts its pairs per expert into its row of
+// cta_counts. 2 (one CTA): the experts' totals over the rows give the segments (write_segments), and each
+// count is replaced by where that CTA's pairs of that expert begin. 3: each CTA places its pairs from there.
+__global__ void __launch_bounds__(kListThreads) count_pairs_kernel(WorkListParams p) {
+  pdl_wait();
+  pdl_trigger();
+  __shared__ int count[kMaxLocalExperts];
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kListPairsPerCta;
+  count_pairs(p, begin, min(begin + kListPairsPerCta, p.pairs), count);
+  int32_t* row = p.cta_counts + static_cast<int64_t>(blockIdx.x) * p.local;  // [E_l]
+  for (int e = threadIdx.x; e < p.local; e += kListThreads) row[e] = count[e];
+}
+
+__global__ void __launch_bounds__(kListThreads) segment_pairs_kernel(WorkListParams p) {
+  pdl_wait();
+  pdl_trigger();
+  __shared__ int warp_sums[64];
+  const int e0 = threadIdx.x * kExpertsPerThread;
+  int count[kExpertsPerThread] = {}, begin[kExpertsPerThread];
+  for (int g = 0; g < p.ctas; ++g) {
+#pragma unroll
+    for (int q = 0; q < kExpertsPerThread; ++q) {
+      if (e0 + q < p.local) count[q] += p.cta_counts[static_cast<int64_t>(g) * p.local + e0 + q];
+    }
+  }
+  write_segments(p, count, begin, warp_sums);
+  for (int g = 0; g < p.ctas; ++g) {
+#pragma unroll
+    for (int q = 0; q < kExpertsPerThread; ++q) {
+      if (e0 + q < p.local) {
+        int32_t& c = p.cta_counts[static_cast<int64_t>(g) * p.local + e0 + q];
+        const int n = c;
+        c = begin[q];
+        begin[q] += n;
+      }
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kListThreads) place_pairs_kernel(WorkListParams p) {
+  pdl_wait();
+  pdl_trigger();
+  __shared__ int cursor[kMaxLocalExperts];
+  const int32_t* row = p.cta_counts + static_cast<int64_t>(blockIdx.x) * p.local;  // [E_l]
+  for (int e = threadIdx.x; e < p.local; e += kListThreads) cursor[e] = row[e];
+  __syncthreads();
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kListPairsPerCta;
+  place_pairs(p, begin, min(begin + kListPairsPerCta, p.pairs), cursor);
 }
 
 // The same list from one warp when the batch has at most 32 (token, slot) pairs (a decode step of up to
@@ -667,9 +760,10 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams 
 // each, split evenly (2,304 columns: 3 CTAs of 192 threads, where 256-thread CTAs left a third of the
 // last one idle).
 void launch_combine(const CombineParams& cp, int64_t rows, cudaStream_t stream) {
-  const int64_t cols = (cp.hidden + 3) / 4, blocks = (cols + kCombineThreads - 1) / kCombineThreads;
-  const unsigned threads = static_cast<unsigned>((cols + blocks - 1) / blocks + 31) / 32 * 32;
-  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(blocks));
+  const int64_t cols = blocks_for(cp.hidden, 4);
+  const unsigned blocks = blocks_for(cols, kCombineThreads),
+                 threads = 32 * blocks_for(blocks_for(cols, blocks), 32);
+  const dim3 grid(static_cast<unsigned>(rows), blocks);
   if (cp.top_k <= 8) {
     launch_pdl(combine_kernel<8>, grid, threads, 0, stream, cp);
   } else if (cp.top_k <= kCombineMaxSlots) {
@@ -834,14 +928,23 @@ Tensor moe_experts(CudaContext& ctx, const Tensor& x, const Tensor& idx, const T
   const bool tiled = format == WFormat::kBf16 && x_bf16 && tiled_experts_fit(hidden, inter) &&
                      pairs >= kTiledMinPairsPerExpert * local && rows >= kTiledMinTokens;
   const int64_t list_ints = 1 + 3 * max_active + pairs;
-  Tensor meta = ctx.empty({list_ints + (tiled ? tile_table_ints(pairs, max_active) : 0)}, DType::kI32);
+  const int64_t list_ctas = pairs >= kListMultiCtaPairs ? blocks_for(pairs, kListPairsPerCta) : 0;
+  const int64_t table_ints = tiled ? tile_table_ints(pairs, max_active) : 0;
+  Tensor meta = ctx.empty({list_ints + table_ints + list_ctas * local}, DType::kI32);
   int32_t* m = meta.data<int32_t>();
   const WorkList list{m, m + 1, m + 1 + max_active, m + 1 + 2 * max_active, m + 1 + 3 * max_active};
-  const WorkListParams lp{idx.data<int32_t>(), pairs, expert_begin, static_cast<int>(local), list};
+  const WorkListParams lp{idx.data<int32_t>(),       pairs, expert_begin,
+                          static_cast<int>(local),   list,  static_cast<int>(list_ctas),
+                          m + list_ints + table_ints};
   if (pairs <= 32) {
     launch_pdl(build_small_work_list_kernel, 1, 32, 0, ctx.stream(), lp);
-  } else {
+  } else if (list_ctas == 0) {
     launch_pdl(build_work_list_kernel, 1, kListThreads, 0, ctx.stream(), lp);
+  } else {
+    const auto ctas = static_cast<unsigned>(list_ctas);
+    launch_pdl(count_pairs_kernel, ctas, kListThreads, 0, ctx.stream(), lp);
+    launch_pdl(segment_pairs_kernel, 1, kListThreads, 0, ctx.stream(), lp);
+    launch_pdl(place_pairs_kernel, ctas, kListThreads, 0, ctx.stream(), lp);
   }
   HLM_CHECK_LAUNCH("build_work_list_kernel");
 
