@@ -482,6 +482,8 @@ int run(Cases cases) {
   if (all || cases == Cases::kMoePrefill) {
     for (int64_t tokens : {256, 512, 1024, 2048, 8192})
       moe_experts_case(*ops, "kimi-linear-48b", 256, 2304, 1024, 8, false, tokens, bw);
+    for (int64_t tokens : {512, 2048, 8192})
+      moe_experts_case(*ops, "kimi-k3", 224, 3584, 3072, 16, true, tokens, bw);
   }
   if (all || cases == Cases::kSkinny) skinny_gemm_cases(*ops, bw);
   if (all || cases == Cases::kMlaPrefill) {

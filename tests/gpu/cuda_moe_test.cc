@@ -375,7 +375,8 @@ TEST(CudaMoe, ExpertsKimiLinearAndK3Shapes) {
   // A few experts of the model on this rank (expert parallelism). Kimi Linear: 6 of 256 BF16 experts,
   // hidden 2304, intermediate 1024, top-8, SiLU; half the slots land here, so at T = 512 an expert gets
   // ~340 pairs (three 128-pair tiles). K3: 4 of 896 MXFP4 experts in the latent width 3584, intermediate
-  // 3072, top-16, SiTU; at T = 64 an expert gets ~64 tokens, more than one 32-token pass.
+  // 3072, top-16, SiTU; at T = 64 an expert gets ~64 tokens, more than one 32-token pass, at T = 300 ~300
+  // (three 128-pair tiles of the tiled GEMMs, the last under 64 pairs).
   struct Shape {
     int64_t hidden, inter, local, begin, total, k;
     double local_share;
@@ -388,9 +389,9 @@ TEST(CudaMoe, ExpertsKimiLinearAndK3Shapes) {
                                : dense_experts(*gpu, s.local, s.inter, s.hidden, DType::kBF16, rng);
     // T = 1: BF16 the decode kernel (moe_decode_experts.cu, 64-row slices), MXFP4 (16 pairs) the one-warp
     // work list; larger T: the 1024-thread one. BF16 at T = 20: the 32-token streaming kernel; at T = 512
-    // (4,096 pairs, at least 256 tokens and 8 pairs per local expert): the tiled GEMMs.
+    // (4,096 pairs, at least 256 tokens and 8 pairs per local expert): the tiled GEMMs; MXFP4 at T = 300.
     const std::vector<int64_t> batches =
-        s.mxfp4 ? std::vector<int64_t>{1, 16, 64} : std::vector<int64_t>{1, 16, 20, 512};
+        s.mxfp4 ? std::vector<int64_t>{1, 16, 64, 300} : std::vector<int64_t>{1, 16, 20, 512};
     for (int64_t rows : batches) {
       Tensor x = round_bf16(random_f32({rows, s.hidden}, rng));
       Tensor idx = random_routing(rows, s.k, s.total, s.begin, s.local, s.local_share, rng);
@@ -556,16 +557,16 @@ TEST(CudaMoe, ExpertsEdgeRoutings) {
   }
 }
 
-// Prefill-sized batches (at least 256 tokens and 8 pairs per local expert, BF16 weights and x) take the tiled
-// GEMMs (moe_tiled_gemm.cu): an expert with several 128-pair tiles and a partial last one, experts with a few
-// pairs, a token listing one expert twice, tokens with no expert on this rank, SiLU and SiTU; and the same
-// batch with F32 x, which takes the streaming kernels.
+// Prefill-sized batches (at least 256 tokens and 8 pairs per local expert, BF16 or MXFP4 weights, BF16 x)
+// take the tiled GEMMs (moe_tiled_gemm.cu): an expert with several 128-pair tiles and a partial last one,
+// experts with a few pairs, a token listing one expert twice, tokens with no expert on this rank, SiLU and
+// SiTU, MXFP4 scales above 2 (the decode's second factor); and the same batch with F32 x, which takes the
+// streaming kernels.
 TEST(CudaMoe, ExpertsPrefillBatchesTiled) {
   HLM_GPU_OR_SKIP(gpu);
   auto cpu = make_cpu_ops();
   std::mt19937 rng(59);
   const int64_t hidden = 256, inter = 128, local = 6, begin = 2, k = 3, rows = 400;
-  const Experts ex = dense_experts(*gpu, local, inter, hidden, DType::kBF16, rng);
   // Slot 0: expert 2 (local 0) for 300 tokens (3 tiles, the last partial), else a non-local expert; slot
   // 1: local experts 1..3 in turn up to token 350, token 7 repeating slot 0's expert, then non-local;
   // slot 2: local 5 for every 20th token, else non-local (so tokens 350..399 but 360 and 380 have none).
@@ -582,10 +583,15 @@ TEST(CudaMoe, ExpertsPrefillBatchesTiled) {
   ActivationParams situ = activation(Activation::kSitu);
   situ.situ_beta = 2.0f;
   situ.situ_linear_beta = 3.0f;
-  for (const ActivationParams& act : {activation(Activation::kSilu), situ}) {
-    const std::string what = act.kind == Activation::kSitu ? "SiTU" : "SiLU";
-    expect_experts_match(*gpu, *cpu, x, idx, weights, ex, begin, act, DType::kBF16, what + ", tiled");
-    expect_experts_match(*gpu, *cpu, x, idx, weights, ex, begin, act, DType::kF32, what + ", F32 x");
+  for (bool mxfp4 : {false, true}) {
+    const Experts ex = mxfp4 ? mxfp4_experts(*gpu, local, inter, hidden, 122, 129, 120, 129, rng)
+                             : dense_experts(*gpu, local, inter, hidden, DType::kBF16, rng);
+    for (const ActivationParams& act : {activation(Activation::kSilu), situ}) {
+      const std::string what =
+          std::string(mxfp4 ? "MXFP4, " : "BF16, ") + (act.kind == Activation::kSitu ? "SiTU" : "SiLU");
+      expect_experts_match(*gpu, *cpu, x, idx, weights, ex, begin, act, DType::kBF16, what + ", tiled");
+      expect_experts_match(*gpu, *cpu, x, idx, weights, ex, begin, act, DType::kF32, what + ", F32 x");
+    }
   }
 }
 

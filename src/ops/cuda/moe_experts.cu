@@ -13,13 +13,14 @@
 //     order: a fixed order, no atomics, so the result is the same every run.
 // Decode-sized batches of BF16 experts and tokens (up to 32 (token, slot) pairs) take two launches instead
 // (moe_decode_experts.cu: each CTA one slice of an expert, gate/up then down, and a combine of the slices).
-// Prefill-sized batches with BF16 weights (kTiledMinPairsPerExpert pairs per local expert, kTiledMinTokens)
-// run steps 2 and 3 as tiled GEMMs instead (moe_tiled_gemm.cu), on the same list and into the same h and y.
-// The GEMMs here are weight-streaming tensor-core kernels (mma.sync m16n8k16, bf16 in, fp32 accumulate) with
-// the weights as the 16-row A side and the expert's tokens as the 8-column B side: each touched expert's
-// weights are read once per step whatever the number of tokens routed to it (up to 32 tokens; beyond
-// that the token chunks re-read the rows, from L2 when they fit). Dense BF16 or F32 weights (F32 rounded
-// to bf16 as it is loaded) and MXFP4 codes (dequantized in registers) share the kernel.
+// Prefill-sized batches with BF16 or MXFP4 weights and BF16 x (kTiledMinPairsPerExpert or
+// kTiledMinPairsPerMxfp4Expert pairs per local expert, kTiledMinTokens) run steps 2 and 3 as tiled GEMMs
+// instead (moe_tiled_gemm.cu), on the same list and into the same h and y. The GEMMs here are
+// weight-streaming tensor-core kernels (mma.sync m16n8k16, bf16 in, fp32 accumulate) with the weights as the
+// 16-row A side and the expert's tokens as the 8-column B side: each touched expert's weights are read once
+// per step whatever the number of tokens routed to it (up to 32 tokens; beyond that the token chunks re-read
+// the rows, from L2 when they fit). Dense BF16 or F32 weights (F32 rounded to bf16 as it is loaded) and MXFP4
+// codes (dequantized in registers) share the kernel.
 #include <algorithm>
 #include <type_traits>
 
@@ -28,6 +29,7 @@
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/moe_decode_experts.cuh"
 #include "ops/cuda/moe_work_list.cuh"
+#include "ops/cuda/mxfp4_decode.cuh"
 #include "ops/cuda/pdl.cuh"
 
 namespace hlm::cuda {
@@ -56,6 +58,14 @@ constexpr int kCombineMaxSlots = 16;  // top_k up to this (K3: 16) takes combine
 // kernels at any expert split.
 constexpr int64_t kTiledMinPairsPerExpert = 8;
 constexpr int64_t kTiledMinTokens = 256;
+// MXFP4 experts take the tiled GEMMs only from 32 pairs per local expert, where the streaming kernels start
+// to pass over an expert's weights more than once. Below that the tiled GEMMs lost where each weight tile
+// serves a single pair tile (not profiled; they load MXFP4 weights through registers, one 16-byte load per
+// thread and stage ahead, fewer bytes in flight than the streaming kernels). Measured on an H200 (K3's
+// [3072, 3584] experts, top 16): kernel_bench --moe-prefill with 224 local experts at 512 tokens (37 pairs
+// per expert) 4.77 ms tiled against 5.71 streaming; K3's first 4 layers (896 experts on one GPU) prefilled
+// in 512-token chunks (9 pairs per expert) at 8,106 tokens/s tiled against 13,087 streaming.
+constexpr int64_t kTiledMinPairsPerMxfp4Expert = 32;
 
 enum class WFormat { kBf16, kF32, kMxfp4 };
 
@@ -268,11 +278,6 @@ __global__ void __launch_bounds__(32) build_small_work_list_kernel(WorkListParam
   if (lane == 0) *p.list.num_active = __popc(firsts);
 }
 
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
 __device__ __forceinline__ uint32_t component(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -333,49 +338,6 @@ __device__ __forceinline__ void load_row(const void* w, const uint8_t* scale, in
         out.run[r][1] = col < cols ? load_streaming(p + 4) : make_uint4(0, 0, 0, 0);
       }
     }
-  }
-}
-
-// The bf16x2 factors that take one MXFP4 row's decoded codes (below) to value · 2^(s - 127) for its scale
-// byte s: f1 = 2^(s - 1), a normal bf16 for s <= 128 (scales up to 2); a larger scale takes f1 = 2^127 and
-// a second factor f2 = 2^(s - 128) (f2 = 1 otherwise). !kBig: s <= 128 is known, f1 is one multiply-add
-// ((s + 126) << 7 in both halves) and f2 unused.
-struct Mxfp4Factors {
-  uint32_t f1, f2;
-};
-template <bool kBig>
-__device__ __forceinline__ Mxfp4Factors mxfp4_factors(uint32_t s) {
-  if constexpr (!kBig) return {s * 0x00800080u + 0x3F003F00u, 0};
-  const uint32_t e1 = s <= 128 ? s + 126 : 254u, e2 = s <= 128 ? 127u : s - 1;
-  return {(e1 << 7) * 0x10001u, (e2 << 7) * 0x10001u};
-}
-
-// Eight e2m1 codes (nibble i = column i of a run) -> four bf16x2 words holding the columns (j, j + 4),
-// each times 2^(s - 127). Moving the sign to bit 15 and the 3 magnitude bits to bits 8..6 of a half makes
-// a bf16 worth the e2m1 value · 2^-126 (code 1, 0.5, becomes the subnormal 2^-127, which bf16 arithmetic
-// keeps); the multiply by f1 (and, kBig, f2) then gives value · 2^(s - 127), exactly.
-// The bits move in two steps, which costs fewer integer instructions than masking and shifting magnitude
-// and sign of each word apart (this decode is most of an MXFP4 chunk's instructions). For v = q (nibbles
-// 0, 1 | 4, 5) and v = q >> 8 (nibbles 2, 3 | 6, 7 in the same places): one select puts each nibble's sign
-// 6 bits above its magnitude (magnitude bits from v, sign bits from v << 6); then a mask and one shift
-// per word, by 6 for nibbles 0 | 4 and by 2 for nibbles 1 | 5, land both in place: 13 integer
-// instructions per 8 codes against 18 (ptxas output), and the K3 experts took 125 µs at batch 1 against
-// 137, 710 against 771 at batch 8 (kernel_bench --moe on an H200).
-template <bool kBig>
-__device__ __forceinline__ void e2m1x8_to_bf16(uint32_t q, const Mxfp4Factors& f, uint32_t (&w)[4]) {
-  constexpr uint32_t kMagnitudes = 0x00770077u;  // bits 0-2 and 4-6 of each half
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t v = h == 0 ? q : q >> 8;
-    uint32_t both;  // (v & kMagnitudes) | ((v << 6) & ~kMagnitudes) as one LOP3 (ptxas made it two)
-    asm("lop3.b32 %0, %1, %2, %3, 0xE4;" : "=r"(both) : "r"(v), "r"(v << 6), "n"(kMagnitudes));
-    w[2 * h] = (both & 0x02070207u) << 6;
-    w[2 * h + 1] = (both & 0x20702070u) << 2;
-  }
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    w[j] = mul_bf16x2(w[j], f.f1);
-    if constexpr (kBig) w[j] = mul_bf16x2(w[j], f.f2);
   }
 }
 
@@ -925,8 +887,10 @@ Tensor moe_experts(CudaContext& ctx, const Tensor& x, const Tensor& idx, const T
     launch_decode_experts(dp, ctx.stream());
     return out;
   }
-  const bool tiled = format == WFormat::kBf16 && x_bf16 && tiled_experts_fit(hidden, inter) &&
-                     pairs >= kTiledMinPairsPerExpert * local && rows >= kTiledMinTokens;
+  const int64_t tiled_min_pairs =
+      format == WFormat::kMxfp4 ? kTiledMinPairsPerMxfp4Expert : kTiledMinPairsPerExpert;
+  const bool tiled = format != WFormat::kF32 && x_bf16 && tiled_experts_fit(hidden, inter) &&
+                     pairs >= tiled_min_pairs * local && rows >= kTiledMinTokens;
   const int64_t list_ints = 1 + 3 * max_active + pairs;
   const int64_t list_ctas = pairs >= kListMultiCtaPairs ? blocks_for(pairs, kListPairsPerCta) : 0;
   const int64_t table_ints = tiled ? tile_table_ints(pairs, max_active) : 0;
@@ -952,9 +916,13 @@ Tensor moe_experts(CudaContext& ctx, const Tensor& x, const Tensor& idx, const T
   Tensor y = ctx.empty({pairs, hidden}, DType::kF32);  // [T·k, D] expert output per pair
   cudaStream_t stream = ctx.stream();
   if (tiled) {
+    const bool mxfp4 = format == WFormat::kMxfp4;
     const TiledExpertsParams tp{ew.gate.raw(),
                                 ew.up.raw(),
                                 ew.down.raw(),
+                                mxfp4 ? ew.gate_scale.data<uint8_t>() : nullptr,
+                                mxfp4 ? ew.up_scale.data<uint8_t>() : nullptr,
+                                mxfp4 ? ew.down_scale.data<uint8_t>() : nullptr,
                                 x.raw(),
                                 h.raw(),
                                 y.raw(),

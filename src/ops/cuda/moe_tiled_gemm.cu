@@ -1,6 +1,6 @@
 // Routed experts for prefill-sized batches: the expert GEMMs as tiled tensor-core GEMMs over the
-// expert-major work list (moe_work_list.cuh), for BF16 weights. moe_experts.cu's weight-streaming kernels
-// take at most 32 tokens per pass over an expert's rows, so an 8K-token prefill (about 256 pairs per
+// expert-major work list (moe_work_list.cuh), for BF16 or MXFP4 weights. moe_experts.cu's weight-streaming
+// kernels take at most 32 tokens per pass over an expert's rows, so an 8K-token prefill (about 256 pairs per
 // expert of the 48B model) re-read every expert's weights 8 times and ran at 1.7 TB/s (58% of the
 // prefill under ncu on an H200, docs/benchmarks.md); here each CTA keeps a 128-pair tile of the expert's
 // token rows against a 128-row tile of its weights, so the math, not the weight stream, sets the pace.
@@ -18,11 +18,15 @@
 // Gate/up: the 128 rows are 64 gate rows and the same 64 up rows, so a thread's accumulators hold gate
 // and up of the same (pair, row) 32 registers apart, and it writes act(gate)·up as bf16 to h. Down: y rows in
 // fp32. The combine (moe_experts.cu) then sums each token's slots in slot order, as for decode.
+// MXFP4 weights (K3) are decoded to bf16 by the threads into the same swizzled stage layout (below), so
+// the MMAs are the BF16 path's: K3's experts at 8,192 tokens and 224 local experts took 27.6 ms against 72.8
+// for the streaming kernels (kernel_bench --moe-prefill, H200; 313 against 119 TFLOP/s).
 #include <type_traits>
 
 #include "ops/cuda/cuda_kernels.h"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/moe_work_list.cuh"
+#include "ops/cuda/mxfp4_decode.cuh"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/wgmma.cuh"
 
@@ -110,7 +114,7 @@ struct GemmArgs {
   TileTable table;
 };
 
-template <bool kGateUp>
+template <bool kGateUp, bool kMxfp4>
 __global__ void __launch_bounds__(kThreads, 2) tiled_expert_gemm_kernel(GemmArgs args) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* stages = align_1024(smem_raw);
@@ -140,10 +144,12 @@ __global__ void __launch_bounds__(kThreads, 2) tiled_expert_gemm_kernel(GemmArgs
     a_pair[i] = pair;
     a_offset[i] = offset;
   }
-  // This tile's weight rows: gate/up rows [n0, n0 + 64) of both matrices; down rows [n0, n0 + 128).
+  // This tile's weight rows: gate/up rows [n0, n0 + 64) of both matrices; down rows [n0, n0 + 128). Tile
+  // row r is row weight_row(r) of the expert's gate (r < 64) or up matrix, or of its down matrix.
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * (kGateUp ? kTileN / 2 : kTileN);
-  const bf16* w_main = static_cast<const bf16*>(kGateUp ? p.gate : p.down) + expert * w_rows * k_dim;
-  const bf16* w_up = kGateUp ? static_cast<const bf16*>(p.up) + expert * w_rows * k_dim : nullptr;
+  const void* w_main = kGateUp ? p.gate : p.down;
+  auto up_row = [&](int r) { return kGateUp && r >= kTileN / 2; };
+  auto weight_row = [&](int r) { return expert * w_rows + n0 + (up_row(r) ? r - kTileN / 2 : r); };
   __syncthreads();
 
   // Stage s holds columns [k0, k0 + 64) of the 128 pair rows (A) and of the 128 weight rows (B), each
@@ -158,9 +164,44 @@ __global__ void __launch_bounds__(kThreads, 2) tiled_expert_gemm_kernel(GemmArgs
       const int64_t col = k0 + part * 8;
       const unsigned at = sw128_offset(r, part * 8, kTileM);
       cp_async16(a_sh + at, in + a_offset[r] + col, r < rows_here);
-      const bf16* w_row =
-          !kGateUp || r < kTileN / 2 ? w_main + (n0 + r) * k_dim : w_up + (n0 + r - kTileN / 2) * k_dim;
-      cp_async16(b_sh + at, w_row + col, true);
+      if constexpr (!kMxfp4) {
+        const bf16* w = static_cast<const bf16*>(up_row(r) ? p.up : w_main);
+        cp_async16(b_sh + at, w + weight_row(r) * k_dim + col, true);
+      }
+    }
+  };
+  // MXFP4 weights go through registers instead: the thread decodes 32 columns (one scale group) of tile row
+  // b_row = tid / 2 per stage, loaded an iteration ahead of their decode (the loads of stage s + 2 go out
+  // while stage s's MMAs run, their decode into stage s + 2's place in the next iteration), and stores
+  // them in the swizzled layout the BF16 copies take.
+  [[maybe_unused]] const int b_row = tid / 2, b_half = tid % 2;
+  [[maybe_unused]] const uint8_t* codes = nullptr;  // the thread's 16 code bytes of stage 0
+  [[maybe_unused]] const uint8_t* scales = nullptr;
+  if constexpr (kMxfp4) {
+    const int64_t row = weight_row(b_row);
+    codes = static_cast<const uint8_t*>(up_row(b_row) ? p.up : w_main) + row * (k_dim / 2) + 16 * b_half;
+    scales = (up_row(b_row) ? p.up_scale
+              : kGateUp     ? p.gate_scale
+                            : p.down_scale) +
+             row * (k_dim / 32) + b_half;
+  }
+  struct CodeChunk {
+    uint4 codes;
+    uint32_t scale;
+  };
+  auto load_codes = [&](int64_t k0) {
+    return CodeChunk{__ldg(reinterpret_cast<const uint4*>(codes + k0 / 2)), scales[k0 / 32]};
+  };
+  auto store_codes = [&](int stage, const CodeChunk& c) {
+    unsigned char* b_sh = stages + stage * kStageBytes + kOperandBytes;
+    const Mxfp4Factors f = mxfp4_factors<true>(c.scale);
+    const uint32_t q[4] = {c.codes.x, c.codes.y, c.codes.z, c.codes.w};
+#pragma unroll
+    for (int run = 0; run < 4; ++run) {
+      uint32_t w[4];
+      e2m1x8_to_bf16_ordered<true>(q[run], f, w);
+      *reinterpret_cast<uint4*>(b_sh + sw128_offset(b_row, 32 * b_half + 8 * run, kTileN)) =
+          make_uint4(w[0], w[1], w[2], w[3]);
     }
   };
 
@@ -169,6 +210,11 @@ __global__ void __launch_bounds__(kThreads, 2) tiled_expert_gemm_kernel(GemmArgs
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < k_tiles) load_stage(s, static_cast<int64_t>(s) * kTileK);
     cp_async_commit();
+  }
+  [[maybe_unused]] CodeChunk pending{};  // MXFP4: the codes of stage kt + 1 during iteration kt
+  if constexpr (kMxfp4) {
+    store_codes(0, load_codes(0));
+    if (k_tiles > 1) pending = load_codes(kTileK);
   }
   // Warpgroup wg multiplies pair rows [64·wg, 64·wg + 64) by all 128 weight rows: acc[4j + v0 + 2v1] is
   // pair row 64·wg + 16·(warp % 4) + g + 8v1, weight row 8j + 2t + v0 of the tile. A warpgroup with no pair
@@ -197,8 +243,12 @@ __global__ void __launch_bounds__(kThreads, 2) tiled_expert_gemm_kernel(GemmArgs
 #pragma unroll
         for (int ks = 0; ks < kTileK / 16; ++ks) wgmma_m64n128k16_ss(acc, a_desc + 2 * ks, b_desc + 2 * ks);
         wgmma_commit();
-        wgmma_wait<0>();
       }
+      if constexpr (kMxfp4) {
+        if (kt + 1 < k_tiles) store_codes((kt + 1) % kStages, pending);
+        if (kt + 2 < k_tiles) pending = load_codes(static_cast<int64_t>(kt + 2) * kTileK);
+      }
+      if constexpr (decltype(with_mma)::value) wgmma_wait<0>();
     }
   };
   if (wg * 64 < rows_here) {
@@ -237,12 +287,13 @@ __global__ void __launch_bounds__(kThreads, 2) tiled_expert_gemm_kernel(GemmArgs
 template <bool kGateUp>
 void launch_tiled_gemm(const GemmArgs& args, cudaStream_t stream) {
   const TiledExpertsParams& p = args.p;
-  HLM_CUDA_CHECK(cudaFuncSetAttribute(tiled_expert_gemm_kernel<kGateUp>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+  auto* kernel = p.gate_scale != nullptr ? tiled_expert_gemm_kernel<kGateUp, true>
+                                         : tiled_expert_gemm_kernel<kGateUp, false>;
+  HLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(kSmemBytes)));
   const int64_t n_tiles = kGateUp ? p.inter / (kTileN / 2) : p.hidden / kTileN;
   const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(max_tiles(p)));
-  launch_pdl(tiled_expert_gemm_kernel<kGateUp>, grid, kThreads, kSmemBytes, stream, args);
+  launch_pdl(kernel, grid, kThreads, kSmemBytes, stream, args);
   HLM_CHECK_LAUNCH(kGateUp ? "tiled_expert_gemm_kernel (gate, up)" : "tiled_expert_gemm_kernel (down)");
 }
 

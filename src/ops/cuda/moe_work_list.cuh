@@ -17,12 +17,16 @@ struct WorkList {
   int32_t* entries;        // [T·k] pairs t·k + j, grouped by local expert
 };
 
-// What the tiled GEMMs need besides the list: BF16 experts gate, up [E_l, I, D] and down [E_l, D, I], x
-// [T, D] BF16, and the outputs h [T·k, I] BF16 (act(gate)·up per pair) and y [T·k, D] F32 (down per pair).
+// What the tiled GEMMs need besides the list: the experts gate, up [E_l, I, D] and down [E_l, D, I] as BF16,
+// or as MXFP4 codes (bytes [E_l, rows, cols/2]) with scales (bytes [E_l, rows, cols/32]), x [T, D] BF16, and
+// the outputs h [T·k, I] BF16 (act(gate)·up per pair) and y [T·k, D] F32 (down per pair).
 struct TiledExpertsParams {
   const void* gate;
   const void* up;
   const void* down;
+  const uint8_t* gate_scale;  // MXFP4 only; nullptr for BF16 experts
+  const uint8_t* up_scale;
+  const uint8_t* down_scale;
   const void* x;
   void* h;
   void* y;
@@ -36,7 +40,7 @@ struct TiledExpertsParams {
   float situ_beta, situ_linear_beta;
 };
 
-// Whether the tiled GEMMs take these shapes (BF16 weights and x; D a multiple of 128, I of 64).
+// Whether the tiled GEMMs take these shapes (BF16 or MXFP4 weights, BF16 x; D a multiple of 128, I of 64).
 bool tiled_experts_fit(int64_t hidden, int64_t inter);
 // The gate/up and down GEMMs over the list, tiled 128 pairs x 128 weight rows (after a one-CTA kernel that
 // numbers the tiles), writing h and then y. Needs scratch for the tile table: tile_table_ints(p) ints.
