@@ -192,29 +192,38 @@ TEST_F(CudaDense, NormsAndElementwise) {
         << "rms_norm, D " << dim;
   }
 
-  Tensor g = round_bf16(random_f32({13, 300}, rng_, -6.0f, 6.0f));
-  Tensor u = round_bf16(random_f32({13, 300}, rng_, -40.0f, 40.0f));
-  for (Activation kind : {Activation::kSilu, Activation::kSitu}) {
-    ActivationParams act;
-    act.kind = kind;
-    EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->glu(to_gpu_bf16(*gpu, g), to_gpu_bf16(*gpu, u), act)),
-                     cpu_->glu(g, u, act)),
-              kBf16Out);
+  // GLU: I = 300 takes the 4-wide kernel (BF16 or F32 inputs), I = 302 the scalar one.
+  for (int64_t inter : {300, 302}) {
+    Tensor g = round_bf16(random_f32({13, inter}, rng_, -6.0f, 6.0f));
+    Tensor u = round_bf16(random_f32({13, inter}, rng_, -40.0f, 40.0f));
     // The fused gate|up form: [T, 2I] with the gate columns first, against the CPU's glu of the halves.
-    Tensor gate_up = Tensor::empty({13, 600}, DType::kF32);
+    Tensor gate_up = Tensor::empty({13, 2 * inter}, DType::kF32);
     for (int64_t t = 0; t < 13; ++t) {
-      for (int64_t c = 0; c < 300; ++c) {
-        gate_up.data<float>()[t * 600 + c] = g.data<float>()[t * 300 + c];
-        gate_up.data<float>()[t * 600 + 300 + c] = u.data<float>()[t * 300 + c];
+      for (int64_t c = 0; c < inter; ++c) {
+        gate_up.data<float>()[t * 2 * inter + c] = g.data<float>()[t * inter + c];
+        gate_up.data<float>()[t * 2 * inter + inter + c] = u.data<float>()[t * inter + c];
       }
     }
-    EXPECT_LE(
-        rel_l2(gpu->to_host_f32(gpu->glu_packed(to_gpu_bf16(*gpu, gate_up), act)), cpu_->glu(g, u, act)),
-        kBf16Out)
-        << "glu_packed";
-    EXPECT_LE(rel_l2(cpu_->glu_packed(gate_up, act), cpu_->glu(g, u, act)), 0.0) << "CPU glu_packed";
+    for (Activation kind : {Activation::kSilu, Activation::kSitu}) {
+      ActivationParams act;
+      act.kind = kind;
+      const Tensor want = cpu_->glu(g, u, act);
+      for (bool bf16_in : {true, false}) {
+        auto in = [&](const Tensor& t) { return bf16_in ? to_gpu_bf16(*gpu, t) : gpu->upload(t); };
+        const std::string what = "I " + std::to_string(inter) + (bf16_in ? ", BF16 in" : ", F32 in");
+        EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->glu(in(g), in(u), act)), want), kBf16Out) << "glu, " << what;
+        EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->glu_packed(in(gate_up), act)), want), kBf16Out)
+            << "glu_packed, " << what;
+      }
+      EXPECT_LE(rel_l2(cpu_->glu_packed(gate_up, act), want), 0.0) << "CPU glu_packed";
+    }
+    EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->sigmoid(to_gpu_bf16(*gpu, g))), cpu_->sigmoid(g)), kF32Out);
+    Tensor gated = to_gpu_bf16(*gpu, g);
+    gpu->sigmoid_gate_inplace(gated, to_gpu_bf16(*gpu, u));
+    Tensor gated_cpu = g.clone();
+    cpu_->sigmoid_gate_inplace(gated_cpu, u);
+    EXPECT_LE(rel_l2(gpu->to_host_f32(gated), gated_cpu), kBf16Out);
   }
-  EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->sigmoid(to_gpu_bf16(*gpu, g))), cpu_->sigmoid(g)), kF32Out);
 
   Tensor y = gpu->upload(x);  // F32 residual += BF16 branch
   Tensor branch = round_bf16(random_f32({13, 2304}, rng_));
@@ -222,12 +231,6 @@ TEST_F(CudaDense, NormsAndElementwise) {
   Tensor want = x.clone();
   cpu_->add_inplace(want, branch);
   EXPECT_LE(rel_l2(gpu->to_host_f32(y), want), kF32Out);
-
-  Tensor gated = to_gpu_bf16(*gpu, g);
-  gpu->sigmoid_gate_inplace(gated, to_gpu_bf16(*gpu, u));
-  Tensor gated_cpu = g.clone();
-  cpu_->sigmoid_gate_inplace(gated_cpu, u);
-  EXPECT_LE(rel_l2(gpu->to_host_f32(gated), gated_cpu), kBf16Out);
 }
 
 TEST_F(CudaDense, LayoutMoversAreExact) {
@@ -251,17 +254,29 @@ TEST_F(CudaDense, LayoutMoversAreExact) {
             (std::vector<int32_t>{1, 3, 5, 2, 4, 6}));
 }
 
+// Widths divisible by 4 take the 4-column kernel (256, also with a BF16 candidate; K3's 7168, whose last step
+// covers half the threads), a width of 250 the column-per-thread one.
 TEST_F(CudaDense, AttnResMatchesInF32) {
   HLM_GPU_OR_SKIP(gpu);
-  std::vector<Tensor> cands, cands_gpu;
-  for (int c = 0; c < 5; ++c) {
-    cands.push_back(random_f32({7, 256}, rng_, -2.0f, 2.0f));
-    cands_gpu.push_back(gpu->upload(cands.back()));
+  struct Case {
+    int64_t dim;
+    int num;
+    bool bf16_first;
+  };
+  for (const Case& k : {Case{256, 5, false}, Case{7168, 9, false}, Case{250, 9, false}, Case{256, 5, true},
+                        Case{250, 5, true}}) {
+    std::vector<Tensor> cands, cands_gpu;
+    for (int c = 0; c < k.num; ++c) {
+      cands.push_back(round_bf16(random_f32({7, k.dim}, rng_, -2.0f, 2.0f)));
+      cands_gpu.push_back(c == 0 && k.bf16_first ? to_gpu_bf16(*gpu, cands.back())
+                                                 : gpu->upload(cands.back()));
+    }
+    Tensor proj = random_f32({k.dim}, rng_), norm = random_f32({k.dim}, rng_);
+    EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->attn_res(cands_gpu, gpu->upload(proj), gpu->upload(norm), 1e-5f)),
+                     cpu_->attn_res(cands, proj, norm, 1e-5f)),
+              kF32Dot)
+        << "D " << k.dim << ", " << k.num << " candidates" << (k.bf16_first ? ", the first BF16" : "");
   }
-  Tensor proj = random_f32({256}, rng_), norm = random_f32({256}, rng_);
-  EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->attn_res(cands_gpu, gpu->upload(proj), gpu->upload(norm), 1e-5f)),
-                   cpu_->attn_res(cands, proj, norm, 1e-5f)),
-            kF32Dot);
 }
 
 TEST_F(CudaDense, RandomFillIsTheCpuFill) {
