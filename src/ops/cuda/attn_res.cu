@@ -148,8 +148,7 @@ Tensor attn_res(CudaContext& ctx, const std::vector<Tensor>& candidates, const T
   p.dim = first.dim(1);
   p.eps = eps;
   bool vec = p.dim % 4 == 0 && aligned16(p.out);
-  for (const Tensor& c : candidates)
-    vec = vec && reinterpret_cast<uintptr_t>(c.raw()) % (4 * dtype_size(c.dtype())) == 0;
+  for (const Tensor& c : candidates) vec = vec && aligned_to(c.raw(), 4 * dtype_size(c.dtype()));
   if (first.dim(0) > 0) {
     const auto blocks = static_cast<unsigned>(first.dim(0));
     if (vec) {

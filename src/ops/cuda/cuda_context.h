@@ -7,6 +7,7 @@
 
 #include <cuda_bf16.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -92,8 +93,9 @@ void prepare_output(CudaContext& ctx, Tensor& out, const Shape& shape, DType dty
 // Rows of a tensor over its last dimension (numel / last dim; 0 for an empty tensor).
 inline int64_t leading_rows(const Tensor& t) { return t.dim(-1) == 0 ? 0 : t.numel() / t.dim(-1); }
 
-// Whether a device pointer allows 16-byte vector loads.
-inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+// Whether a device pointer is a multiple of `bytes` (a vector load's width), and the 16-byte case.
+inline bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+inline bool aligned16(const void* p) { return aligned_to(p, 16); }
 
 // Grid size for `n` items at `per_block` items per block.
 inline unsigned blocks_for(int64_t n, int64_t per_block) {

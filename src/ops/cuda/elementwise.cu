@@ -303,8 +303,7 @@ __global__ void glu_vec_kernel(GluVecParams p) {
 bool launch_glu_vec(const Tensor& gate, const void* gate_at, const void* up_at, int64_t width, int64_t ld,
                     Tensor& y, const ActivationParams& act, cudaStream_t stream) {
   const size_t vec_bytes = kGluVec * dtype_size(gate.dtype());
-  const bool aligned = reinterpret_cast<uintptr_t>(gate_at) % vec_bytes == 0 &&
-                       reinterpret_cast<uintptr_t>(up_at) % vec_bytes == 0 && aligned16(y.raw());
+  const bool aligned = aligned_to(gate_at, vec_bytes) && aligned_to(up_at, vec_bytes) && aligned16(y.raw());
   if (width % kGluVec != 0 || ld % kGluVec != 0 || !aligned) return false;
   const GluVecParams p{gate_at,
                        up_at,

@@ -309,8 +309,7 @@ void launch_kda_gate_vec(const KdaGateParams<GT>& p, int sm_count, cudaStream_t 
 
 template <class GT>
 void launch_kda_gate(const KdaGateParams<GT>& p, int sm_count, cudaStream_t stream) {
-  if (p.width % kGateVec == 0 && aligned16(p.g) &&
-      reinterpret_cast<uintptr_t>(p.graw) % (kGateVec * sizeof(GT)) == 0) {
+  if (p.width % kGateVec == 0 && aligned16(p.g) && aligned_to(p.graw, kGateVec * sizeof(GT))) {
     launch_kda_gate_vec<GT, kGateVec>(p, sm_count, stream);
   } else {
     launch_kda_gate_vec<GT, 1>(p, sm_count, stream);
@@ -395,9 +394,9 @@ template <class OT, class GT>
 void launch_gated_rms_norm(const GatedRmsNormParams<OT, GT>& p, cudaStream_t stream) {
   const unsigned blocks = blocks_for(p.rows, kNormRowsPerBlock);
   // Row starts stay aligned to a lane's vector when the bases are and V is a multiple of kNormVec.
-  const bool vec = p.dim % kNormVec == 0 && reinterpret_cast<uintptr_t>(p.o) % (kNormVec * sizeof(OT)) == 0 &&
-                   reinterpret_cast<uintptr_t>(p.gate) % (kNormVec * sizeof(GT)) == 0 &&
-                   reinterpret_cast<uintptr_t>(p.y) % (kNormVec * sizeof(__nv_bfloat16)) == 0;
+  const bool vec = p.dim % kNormVec == 0 && aligned_to(p.o, kNormVec * sizeof(OT)) &&
+                   aligned_to(p.gate, kNormVec * sizeof(GT)) &&
+                   aligned_to(p.y, kNormVec * sizeof(__nv_bfloat16));
   if (vec) {
     launch_pdl(gated_rms_norm_kernel<OT, GT, kNormVec>, blocks, kNormThreads, 0, stream, p);
   } else {

@@ -3,11 +3,11 @@
 // sum) statistics (the kernel: mla_attention.cu), and the exact LSE merge of partials (across CP ranks, and
 // across the KV splits of one rank).
 //
-// Decode needs more CTAs than it has row blocks of 32 query rows, so the attention splits each block's keys:
-// the number of splits is fixed at launch from host shapes (enough CTAs to fill the GPU: 132 splits for one
-// decode token of 32 heads, 1 for a prefill of many tokens). With one split the kernel writes the result;
-// with several it writes per-split partials (normalized within the split) that the combine kernel merges
-// exactly, the same merge lse_combine does across ranks.
+// Decode needs more CTAs than it has row blocks (32 or 64 query rows), so the attention splits each block's
+// keys: the number of splits is fixed at launch from host shapes (enough CTAs to fill the GPU: 132 splits
+// for one decode token of 32 heads, 1 for a prefill of many tokens). With one split the kernel writes the
+// result; with several it writes per-split partials (normalized within the split) that the combine kernel
+// merges exactly, the same merge lse_combine does across ranks.
 #include <algorithm>
 #include <cmath>
 
@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
 
 void launch_combine(const CombineParams& p, cudaStream_t stream) {
   if (p.rows == 0 || p.v_dim == 0) return;
-  const bool vec4 = p.v_dim % 4 == 0 && reinterpret_cast<uintptr_t>(p.parts) % 16 == 0;
+  const bool vec4 = p.v_dim % 4 == 0 && aligned16(p.parts);
   const size_t smem = p.sources * sizeof(float);
   if (vec4) {
     launch_pdl(combine_kernel<4>, dim3(static_cast<unsigned>(p.rows), blocks_for(p.v_dim, 128)),
@@ -263,9 +263,8 @@ void mla_attention(CudaContext& ctx, const Tensor& q, const Tensor& cache, const
   // The kernel ranks raw scores (q·k) and scales them afterwards, which needs a positive scale.
   HLM_CHECK(scale > 0.0f && std::isfinite(scale),
             "mla_attention: the softmax scale must be positive and finite, got {}", scale);
-  HLM_CHECK(
-      reinterpret_cast<uintptr_t>(q.raw()) % 16 == 0 && reinterpret_cast<uintptr_t>(cache.raw()) % 16 == 0,
-      "mla_attention: q and the cache must start on 16-byte boundaries");
+  HLM_CHECK(aligned16(q.raw()) && aligned16(cache.raw()),
+            "mla_attention: q and the cache must start on 16-byte boundaries");
   HLM_CHECK(tokens * heads <= (int64_t{1} << 30) && cache.dim(0) * cache.dim(1) <= INT32_MAX &&
                 page_table.dim(0) <= INT32_MAX,
             "mla_attention: {} query rows of {} heads or a cache of {} slots exceed the 32-bit indexing",
@@ -295,15 +294,23 @@ void mla_attention(CudaContext& ctx, const Tensor& q, const Tensor& cache, const
   prepare_output(ctx, stats, {tokens, heads, 2}, DType::kF32, op, "stats");
   if (tokens == 0) return;
 
-  // Row-block slots: an upper bound on Σ_s ceil(count_s·H / kMlaRows) from host shapes only (a sequence's
-  // blocks cover at most ceil(H / kMlaRows) per token, and Σ_s ceil(x_s) < Σ_s x_s + S). Whenever a token is
-  // outside every sequence the bound leaves at least one spare slot to zero it. Splits fill the SMs, even
+  // Row blocks of two warpgroups (64 rows) where a sequence may have more than 32 rows: more than 32 heads
+  // (K3), or more tokens than sequences (prefill chunks); each key tile is then loaded once for 64 rows.
+  // Measured on an H200 against 32-row blocks (kernel_bench, one call): the absorbed prefill of 8,192
+  // queries 8.51 -> 6.19 ms; K3's 96 heads over 64K keys 423 -> 388 µs at batch 8, but 62.5 -> 65.8 at batch
+  // 1 (66 splits instead of 44, so half again the partials to combine); K3's first 4 layers at 128K and 1M
+  // keys, batch 1 and 8, 2-4% faster per step.
+  const int64_t block_rows = heads > kMlaRows || tokens > num_seqs ? 2 * kMlaRows : kMlaRows;
+  // Row-block slots: an upper bound on Σ_s ceil(count_s·H / block_rows) from host shapes only (a sequence's
+  // blocks cover at most ceil(H / block_rows) per token, and Σ_s ceil(x_s) < Σ_s x_s + S). Whenever a token
+  // is outside every sequence the bound leaves at least one spare slot to zero it. Splits fill the SMs, even
   // when a short context leaves some of them without a tile: measured on an H200 and dropped, each split
   // taking at least 2, 4 or 8 of the 64-key tiles (fewer partials for the combine): the 48B's MLA layer at
   // 4K, batch 1, 50.6 µs with one tile against 50.6 / 54.3 / 62.2 (--layer-split), at 16K 58.9 against
   // 57.4 / 57.3 / 64.0, the 4K batch-8 step unchanged.
-  const int64_t per_token = (heads + kMlaRows - 1) / kMlaRows;
-  const int64_t slots = std::min(tokens * per_token, num_seqs + (tokens * heads + kMlaRows - 1) / kMlaRows);
+  const int64_t per_token = (heads + block_rows - 1) / block_rows;
+  const int64_t slots =
+      std::min(tokens * per_token, num_seqs + (tokens * heads + block_rows - 1) / block_rows);
   const int64_t splits = std::max<int64_t>(1, ctx.sm_count() / slots);
   HLM_CHECK(slots <= INT32_MAX, "mla_attention: {} row blocks exceed the grid", slots);
 
@@ -326,6 +333,7 @@ void mla_attention(CudaContext& ctx, const Tensor& q, const Tensor& cache, const
   p.num_seqs = static_cast<int>(num_seqs);
   p.page_table_len = static_cast<int>(page_table.dim(0));
   p.splits = static_cast<int>(splits);
+  p.block_rows = static_cast<int>(block_rows);
   p.scale = scale;
   Tensor part_out, part_stats;  // [splits, T·H, v_dim], [splits, T·H, 2]
   if (splits > 1) {

@@ -10,7 +10,9 @@
 
 namespace hlm::cuda {
 
-constexpr int kMlaRows = 32;  // query rows per CTA (a row is one (token, head) pair): the N of the wgmma
+// Query rows per warpgroup (a row is one (token, head) pair): the N of the wgmma. A CTA's row block is one
+// or two warpgroups' rows (MlaParams::block_rows).
+constexpr int kMlaRows = 32;
 
 struct MlaParams {
   const void* q;          // [T, H, D] BF16 or F32
@@ -22,6 +24,7 @@ struct MlaParams {
   float* stats;           // one split: [T, H, 2]; several: partials [splits, T·H, 2]
   int64_t cache_pages;
   int tokens, heads, dim, v_dim, page_size, num_seqs, page_table_len, splits;
+  int block_rows;  // query rows per CTA: kMlaRows or 2·kMlaRows (one or two warpgroups)
   int page_shift;  // log2(page_size) when it is a power of two (a key's page by a shift), else -1
   float scale;
 };
@@ -46,9 +49,9 @@ __device__ __forceinline__ SeqView read_seq(const MlaParams& p, int s) {
   return v;
 }
 
-// Row blocks are numbered sequence by sequence (sequence s has ceil(token_count·H / kMlaRows) of them). Warp
-// 0 finds the sequence of block `b` and its index there; a block past the last one (spare) gets seq -1 and
-// the total count, for zeroing the rows of tokens outside every sequence. Returned in every lane.
+// Row blocks are numbered sequence by sequence (sequence s has ceil(token_count·H / block_rows) of them).
+// Warp 0 finds the sequence of block `b` and its index there; a block past the last one (spare) gets seq -1
+// and the total count, for zeroing the rows of tokens outside every sequence. Returned in every lane.
 struct BlockOf {
   int seq, local, total;
 };
@@ -56,7 +59,8 @@ __device__ inline BlockOf find_block(const MlaParams& p, int b, int lane) {
   int base = 0;
   for (int s0 = 0; s0 < p.num_seqs; s0 += 32) {
     const int s = s0 + lane;
-    const int blocks = s < p.num_seqs ? (read_seq(p, s).token_count * p.heads + kMlaRows - 1) / kMlaRows : 0;
+    const int blocks =
+        s < p.num_seqs ? (read_seq(p, s).token_count * p.heads + p.block_rows - 1) / p.block_rows : 0;
     int incl = blocks;  // inclusive scan of the block counts over the lanes
     for (int o = 1; o < 32; o <<= 1) {
       const int v = __shfl_up_sync(0xffffffffu, incl, o);

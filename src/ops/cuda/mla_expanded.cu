@@ -389,8 +389,8 @@ void mla_expanded_attention(CudaContext& ctx, const Tensor& q, const Tensor& k_n
             "mla_expanded_attention: keys [{}, {}) or {} query rows exceed the 32-bit indexing", key_begin,
             key_begin + n, tokens * heads);
   for (const Tensor* t : {&q, &k_nope, &v, &keys}) {
-    HLM_CHECK(reinterpret_cast<uintptr_t>(t->raw()) % 16 == 0,
-              "mla_expanded_attention: {} must start on a 16-byte boundary", t->describe());
+    HLM_CHECK(aligned16(t->raw()), "mla_expanded_attention: {} must start on a 16-byte boundary",
+              t->describe());
   }
   prepare_output(ctx, out, {tokens, heads, vd}, DType::kF32, op, "out");
   prepare_output(ctx, stats, {tokens, heads, 2}, DType::kF32, op, "stats");
