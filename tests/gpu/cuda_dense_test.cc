@@ -254,20 +254,24 @@ TEST_F(CudaDense, LayoutMoversAreExact) {
             (std::vector<int32_t>{1, 3, 5, 2, 4, 6}));
 }
 
-// Widths divisible by 4 take the 4-column kernel (256, also with a BF16 candidate; K3's 7168, whose last step
-// covers half the threads), a width of 250 the column-per-thread one.
+// Decode batches (7 rows) of widths divisible by 4 up to 8 x 1024 take the sliced kernel: 256 one CTA per
+// token (also with a BF16 candidate), K3's 7168 a cluster of 7, 5000 a cluster of 5 whose last CTA covers
+// part of its columns, with the most candidates the op takes. 40 rows of 7168 (more CTAs than one wave on
+// an H200), 9000 (9 slices) take the one-block 4-column kernel, 250 the column-per-thread one.
 TEST_F(CudaDense, AttnResMatchesInF32) {
   HLM_GPU_OR_SKIP(gpu);
   struct Case {
     int64_t dim;
     int num;
     bool bf16_first;
+    int64_t rows = 7;
   };
-  for (const Case& k : {Case{256, 5, false}, Case{7168, 9, false}, Case{250, 9, false}, Case{256, 5, true},
-                        Case{250, 5, true}}) {
+  for (const Case& k :
+       {Case{256, 5, false}, Case{7168, 9, false}, Case{5000, 16, true}, Case{7168, 3, false, 40},
+        Case{9000, 3, false}, Case{250, 9, false}, Case{256, 5, true}, Case{250, 5, true}}) {
     std::vector<Tensor> cands, cands_gpu;
     for (int c = 0; c < k.num; ++c) {
-      cands.push_back(round_bf16(random_f32({7, k.dim}, rng_, -2.0f, 2.0f)));
+      cands.push_back(round_bf16(random_f32({k.rows, k.dim}, rng_, -2.0f, 2.0f)));
       cands_gpu.push_back(c == 0 && k.bf16_first ? to_gpu_bf16(*gpu, cands.back())
                                                  : gpu->upload(cands.back()));
     }
@@ -275,7 +279,8 @@ TEST_F(CudaDense, AttnResMatchesInF32) {
     EXPECT_LE(rel_l2(gpu->to_host_f32(gpu->attn_res(cands_gpu, gpu->upload(proj), gpu->upload(norm), 1e-5f)),
                      cpu_->attn_res(cands, proj, norm, 1e-5f)),
               kF32Dot)
-        << "D " << k.dim << ", " << k.num << " candidates" << (k.bf16_first ? ", the first BF16" : "");
+        << "D " << k.dim << ", " << k.num << " candidates, " << k.rows << " rows"
+        << (k.bf16_first ? ", the first BF16" : "");
   }
 }
 

@@ -43,7 +43,9 @@ def assert_openai_error(test, body, status):
 class Overload(unittest.TestCase):
     def test_surplus_gets_429_at_once_and_the_rest_complete(self):
         with Server("--max-num-seqs", "2", "--max-queued-requests", "2", "--max-model-len", "4096") as s:
-            n = 400
+            # Long enough that no admitted request can finish before the last of the ten arrives, even on a
+            # loaded 2-core machine (400 tokens let three more in there: 7 of 10 completed).
+            n = 3000
             results = [None] * 10
             barrier = threading.Barrier(10)
 

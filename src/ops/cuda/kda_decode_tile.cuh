@@ -7,6 +7,7 @@
 
 #include <cooperative_groups.h>
 
+#include "ops/cuda/cluster_barrier.cuh"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/kda_common.cuh"
 #include "ops/cuda/pdl.cuh"
@@ -170,20 +171,6 @@ __device__ __forceinline__ float4 recur(float4 (&s)[Tile::kRows], const RowInput
   const float kq = sums[2].z;
   return {q_factor * (sums[1].x + ku.x * kq), q_factor * (sums[1].y + ku.y * kq),
           q_factor * (sums[1].z + ku.z * kq), q_factor * (sums[1].w + ku.w * kq)};
-}
-
-// Cluster barrier halves (PTX barrier.cluster). The release arrive orders this CTA's earlier writes (its
-// shared-memory values the peers read) before the peers' acquire wait; the relaxed arrive orders nothing,
-// which is all the final barrier needs: the peers' reads of this CTA's shared memory have completed (their
-// values are in use) when they arrive.
-__device__ __forceinline__ void cluster_arrive_release() {
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() {
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
 // The gated RMSNorm of one head's output: the thread's 4 columns of o, normalized over all D columns of the
