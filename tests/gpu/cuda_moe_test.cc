@@ -193,6 +193,15 @@ TEST(CudaMoe, RouteTinyShapesAllDtypes) {
   }
 }
 
+// x = 0 and no bias: every expert's score is sigmoid(0), so the selection is the lowest indices in order.
+void expect_all_tied_route(Ops& gpu, Ops& cpu, int64_t rows, const Tensor& w, const RouterParams& p) {
+  const Tensor zeros = Tensor::zeros({rows, w.dim(1)}, DType::kF32);
+  const Tensor no_bias = Tensor::zeros({w.dim(0)}, DType::kF32);
+  const RouteResult r = expect_route_matches(gpu, cpu, zeros, w, no_bias, p, DType::kBF16, DType::kBF16,
+                                             DType::kF32, "all tied");
+  EXPECT_EQ(r.compared, rows);
+}
+
 TEST(CudaMoe, RouteTiesGoToLowerIndices) {
   HLM_GPU_OR_SKIP(gpu);
   auto cpu = make_cpu_ops();
@@ -233,11 +242,30 @@ TEST(CudaMoe, RouteTiesGoToLowerIndices) {
   EXPECT_EQ(r.compared, rows);
 
   // Every score equal: groups 0, 1 and experts 0..3.
-  Tensor zeros = Tensor::zeros({rows, hidden}, DType::kF32);
-  Tensor no_bias = Tensor::zeros({experts}, DType::kF32);
-  r = expect_route_matches(*gpu, *cpu, zeros, w, no_bias, p, DType::kBF16, DType::kBF16, DType::kF32,
-                           "all tied");
+  expect_all_tied_route(*gpu, *cpu, rows, w, p);
+}
+
+// Past 256 experts without groups the selection runs over the warps of a CTA, each ranking a strided
+// share before one warp merges their winners (router_select_wide_kernel): experts tied across warps (5, 100
+// and 700: warps 0, 3 and 5; their bias puts them first) and all 896 tied must still come out lowest index
+// first.
+TEST(CudaMoe, RouteTiesAcrossTheWarpsOfAWideRouter) {
+  HLM_GPU_OR_SKIP(gpu);
+  auto cpu = make_cpu_ops();
+  std::mt19937 rng(45);
+  const int64_t rows = 6, hidden = 128, experts = 896;
+  const RouterParams p{16, 1, 1, true, 1.0f};
+  Tensor x = dyadic({rows, hidden}, rng, 16.0f, 16);
+  Tensor w = dyadic({experts, hidden}, rng, 256.0f, 16);
+  Tensor bias = round_bf16(random_f32({experts}, rng, -0.05f, 0.05f));
+  for (int64_t e : {100, 700})
+    std::copy_n(w.data<float>() + 5 * hidden, hidden, w.data<float>() + e * hidden);
+  for (int64_t e : {5, 100, 700}) bias.data<float>()[e] = 2.0f;
+  RouteResult r = expect_route_matches(*gpu, *cpu, x, w, bias, p, DType::kBF16, DType::kBF16, DType::kF32,
+                                       "triplets across warps");
+  EXPECT_EQ(r.exact_ties, rows);
   EXPECT_EQ(r.compared, rows);
+  expect_all_tied_route(*gpu, *cpu, rows, w, p);
 }
 
 TEST(CudaMoe, RouteRejectsMoreExpertsThanOneWarpRanks) {

@@ -146,18 +146,51 @@ __device__ __forceinline__ int warp_argmax(float v, int i) {
 // NaN never wins a comparison, so it is ranked as -inf; every round then has a real winner.
 __device__ __forceinline__ float ranked(float v) { return isnan(v) ? -INFINITY : v; }
 
-// The bias of the experts lane `lane` owns (j·32 + lane, j < kVpl); the bias is a weight, so its loads may
-// go out before the wait for the logits.
+// The bias of the experts a thread owns (j·stride + first, j < kVpl); the bias is a weight, so its loads
+// may go out before the wait for the logits.
 template <int kVpl>
-__device__ __forceinline__ void load_bias(const RouterSelectParams& p, int lane, float (&bias)[kVpl]) {
+__device__ __forceinline__ void load_bias(const RouterSelectParams& p, int first, int stride,
+                                          float (&bias)[kVpl]) {
 #pragma unroll
   for (int j = 0; j < kVpl; ++j) {
-    const int e = j * 32 + lane;
+    const int e = j * stride + first;
     bias[j] = 0.0f;
     if (e < p.experts) {
       bias[j] = p.bias_bf16 ? __bfloat162float(static_cast<const bf16*>(p.bias)[e])
                             : static_cast<const float*>(p.bias)[e];
     }
+  }
+}
+
+// The same experts' scores sigmoid(logit) and biased scores ranked(score + bias) of token row `logits`, and
+// the mask of those that exist (bit j: expert j·stride + first).
+template <int kVpl>
+__device__ __forceinline__ uint32_t load_choices(const RouterSelectParams& p, const float* logits, int first,
+                                                 int stride, const float (&bias)[kVpl], float (&score)[kVpl],
+                                                 float (&c)[kVpl]) {
+  uint32_t exists = 0;
+#pragma unroll
+  for (int j = 0; j < kVpl; ++j) {
+    const int e = j * stride + first;
+    score[j] = 0.0f;
+    c[j] = -INFINITY;
+    if (e < p.experts) {
+      score[j] = logistic(logits[e]);
+      c[j] = ranked(score[j] + bias[j]);
+      exists |= 1u << j;
+    }
+  }
+  return exists;
+}
+
+// Lane r < top_k of the selecting warp writes round r's expert and its weight, score / (Σ score + 1e-20) ·
+// scaling (renormalized) or score · scaling.
+__device__ __forceinline__ void write_selection(const RouterSelectParams& p, int64_t t, int lane, int expert,
+                                                float score, float sum) {
+  const float denom = p.renormalize ? sum + 1e-20f : 1.0f;
+  if (lane < p.top_k) {
+    p.idx[t * p.top_k + lane] = expert;
+    p.weights[t * p.top_k + lane] = score / denom * p.scaling;
   }
 }
 
@@ -180,18 +213,7 @@ __device__ void select_token(const RouterSelectParams& p, int64_t t, int lane, c
   const float* logits = p.logits + t * p.experts;
 
   float score[kVpl], c[kVpl];
-  uint32_t selectable = 0;
-#pragma unroll
-  for (int j = 0; j < kVpl; ++j) {
-    const int e = j * 32 + lane;
-    score[j] = 0.0f;
-    c[j] = -INFINITY;
-    if (e < p.experts) {
-      score[j] = logistic(logits[e]);
-      c[j] = ranked(score[j] + bias[j]);
-      selectable |= 1u << j;
-    }
-  }
+  uint32_t selectable = load_choices<kVpl>(p, logits, lane, 32, bias, score, c);
   if (p.groups > 1) {
 #pragma unroll
     for (int j = 0; j < kVpl; ++j) {
@@ -260,11 +282,7 @@ __device__ void select_token(const RouterSelectParams& p, int64_t t, int lane, c
     sum += won;
     if (r == lane) my_expert = bi, my_score = won;
   }
-  const float denom = p.renormalize ? sum + 1e-20f : 1.0f;
-  if (lane < p.top_k) {
-    p.idx[t * p.top_k + lane] = my_expert;
-    p.weights[t * p.top_k + lane] = my_score / denom * p.scaling;
-  }
+  write_selection(p, t, lane, my_expert, my_score, sum);
 }
 
 // Grid ceil(T / kSelectWarps), one warp per token, no CTA-wide sync. (Measured on an H200 and dropped:
@@ -275,15 +293,112 @@ __global__ void __launch_bounds__(kSelectWarps * 32) router_select_kernel(Router
   extern __shared__ float smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float bias[kVpl];
-  load_bias<kVpl>(p, lane, bias);
+  load_bias<kVpl>(p, lane, 32, bias);
   pdl_wait();
   pdl_trigger();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kSelectWarps + warp;
   if (t < p.tokens) select_token<kVpl>(p, t, lane, bias, smem + warp * select_smem_floats(p));
 }
 
+// Without expert groups and past 256 experts (K3's 896: 28 per lane), one warp's top_k rounds each
+// scanned up to 32 values per lane: 15.4 µs per call, against 11.0 for this kernel (K3's decode step at
+// batch 1, ncu on an H200; the rounds' warp reductions are the rest of the chain). Here a token
+// takes a CTA of kWideWarps warps: thread i owns experts j·kWideThreads + i, so warp w's lanes hold a
+// strided share of at most kWidePerThread experts each. Every warp ranks its share as select_token does
+// (top_k rounds of warp_argmax) and lists its winners in shared memory; warp 0 then takes top_k rounds over
+// the kWideWarps·top_k listed candidates. Any expert of the token's top_k is among its warp's top_k, and both
+// stages order by (biased score descending, index ascending), so the selection, its order and the sum's
+// order are select_token's.
+constexpr int kWideWarps = 8;
+constexpr int kWideThreads = kWideWarps * 32;
+constexpr int kWidePerThread = kMaxExperts / kWideThreads;
+constexpr int kWideListPerLane = kWideWarps * kMaxTopK / 32;  // listed candidates per lane of warp 0
+
+__global__ void __launch_bounds__(kWideThreads) router_select_wide_kernel(RouterSelectParams p) {
+  __shared__ float list_choice[kWideWarps * kMaxTopK];  // warp w's round-r winner at w·top_k + r
+  __shared__ float list_score[kWideWarps * kMaxTopK];
+  __shared__ int list_expert[kWideWarps * kMaxTopK];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float bias[kWidePerThread];
+  load_bias<kWidePerThread>(p, threadIdx.x, kWideThreads, bias);
+  pdl_wait();
+  pdl_trigger();
+  const int64_t t = blockIdx.x;
+  const float* logits = p.logits + t * p.experts;
+
+  // Stage 1: the warp's top_k of its share.
+  float score[kWidePerThread], c[kWidePerThread];
+  uint32_t selectable = load_choices<kWidePerThread>(p, logits, threadIdx.x, kWideThreads, bias, score, c);
+  for (int r = 0; r < p.top_k; ++r) {
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+#pragma unroll
+    for (int j = 0; j < kWidePerThread; ++j) {  // ascending experts: a strict > keeps the lower index
+      if (((selectable >> j) & 1u) && (bi == INT_MAX || c[j] > bv))
+        bv = c[j], bi = j * kWideThreads + threadIdx.x;
+    }
+    bi = warp_argmax(bv, bi);
+    const int owner = bi & 31, slot = bi / kWideThreads;
+    float won_c = -INFINITY, won_s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kWidePerThread; ++j) {
+      if (j == slot) won_c = c[j], won_s = score[j];
+    }
+    won_c = __shfl_sync(0xffffffffu, won_c, owner);
+    won_s = __shfl_sync(0xffffffffu, won_s, owner);
+    if (owner == lane) selectable &= ~(1u << slot);
+    if (lane == 0) {
+      list_choice[warp * p.top_k + r] = won_c;
+      list_score[warp * p.top_k + r] = won_s;
+      list_expert[warp * p.top_k + r] = bi;
+    }
+  }
+  __syncthreads();
+  if (warp != 0) return;
+
+  // Stage 2: top_k rounds over the listed candidates (entry i·32 + lane of the list for lane `lane`).
+  const int listed = kWideWarps * p.top_k;
+  float lc[kWideListPerLane], ls[kWideListPerLane];
+  int le[kWideListPerLane];
+  uint32_t open = 0;
+#pragma unroll
+  for (int i = 0; i < kWideListPerLane; ++i) {
+    const int q = i * 32 + lane;
+    lc[i] = -INFINITY, ls[i] = 0.0f, le[i] = INT_MAX;
+    if (q < listed) lc[i] = list_choice[q], ls[i] = list_score[q], le[i] = list_expert[q], open |= 1u << i;
+  }
+  float sum = 0.0f, my_score = 0.0f;  // sum: every lane, in selection order (the CPU op's order)
+  int my_expert = 0;
+  for (int r = 0; r < p.top_k; ++r) {
+    float bv = -INFINITY;
+    int bi = INT_MAX, bslot = 0;
+#pragma unroll
+    for (int i = 0; i < kWideListPerLane; ++i) {
+      // The lower expert index wins a tie, whatever the entries' order in the list.
+      if (((open >> i) & 1u) && (bi == INT_MAX || lc[i] > bv || (lc[i] == bv && le[i] < bi)))
+        bv = lc[i], bi = le[i], bslot = i;
+    }
+    const int winner = warp_argmax(bv, bi);
+    const unsigned holders = __ballot_sync(0xffffffffu, bi == winner && bi != INT_MAX);
+    const int owner = __ffs(holders) - 1;
+    float won = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kWideListPerLane; ++i) won = i == bslot ? ls[i] : won;
+    won = __shfl_sync(0xffffffffu, won, owner);
+    if (owner == lane) open &= ~(1u << bslot);
+    sum += won;
+    if (r == lane) my_expert = winner, my_score = won;
+  }
+  write_selection(p, t, lane, my_expert, my_score, sum);
+}
+
 void launch_router_select(const RouterSelectParams& p, cudaStream_t stream) {
   const int per_lane = (p.experts + 31) / 32;
+  if (p.groups == 1 && per_lane > 8) {
+    launch_pdl(router_select_wide_kernel, static_cast<unsigned>(p.tokens), kWideThreads, 0, stream, p);
+    HLM_CHECK_LAUNCH("router_select_wide_kernel");
+    return;
+  }
   const unsigned blocks = blocks_for(p.tokens, kSelectWarps);
   const size_t smem = sizeof(float) * kSelectWarps * select_smem_floats(p);
   switch (per_lane <= 1    ? 1
