@@ -61,9 +61,9 @@ __device__ __forceinline__ void load_cand(const AttnResParams& p, int c, int64_t
   }
 }
 
-// kVec = 4 where every candidate's rows keep 4-column vectors aligned. (When this kernel took K3's 7168
-// columns, a column per thread held K3's mixing in an 8K-token prefill, 8 calls of its first 4 layers, at
-// 0.8 TB/s, 5.9 ms against 2.7 with kVec = 4: ncu on an H200.)
+// kVec = 4 where every candidate's rows keep 4-column vectors aligned (K3's prefill chunks); a column per
+// thread held K3's mixing in an 8K-token prefill (8 calls, its first 4 layers) at 0.8 TB/s, 5.9 ms against
+// 2.7 with kVec = 4 (ncu on an H200).
 template <int kVec>
 __global__ void __launch_bounds__(kThreads) attn_res_kernel(AttnResParams p) {
   pdl_wait();

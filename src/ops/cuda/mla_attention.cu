@@ -14,7 +14,7 @@
 // four warps; their maxima meet in shared memory only when a row's softmax reference must move (below), and
 // a thread's Sᵀ columns are the same rows as its Oᵀ columns, so the rescale of O needs nothing from others.
 //
-// Per tile (64 keys): the cp.async ring of two tiles (shared by the warpgroups) (each thread copies its
+// Per tile (64 keys): the cp.async ring of two tiles, shared by the warpgroups (each thread copies its
 // 16-byte chunks into the swizzled layout, zero-filled past the split's keys and past D, so every value the
 // MMAs read is finite), 36 wgmma k-steps for Sᵀ (Kimi: D = 576), the softmax, 32 wgmma for Oᵀ (8 m64 tiles of
 // V x 4 k-steps), then the freed buffer takes the tile two ahead. The keys of a row block are split across
