@@ -150,6 +150,8 @@ struct RouteShape {
   RouterParams p;
 };
 
+// The logits of 1 token come from the CUDA-core kernel, of 8 from it for the 48B's F32 router weight and
+// from the skinny GEMM for K3's BF16 one, of 64 from cuBLASLt; K3's 896 experts select on eight warps.
 TEST(CudaMoe, RouteKimiLinearAndK3Shapes) {
   HLM_GPU_OR_SKIP(gpu);
   auto cpu = make_cpu_ops();
@@ -158,8 +160,9 @@ TEST(CudaMoe, RouteKimiLinearAndK3Shapes) {
   const RouterParams k3{16, 1, 1, true, 1.0f};
   const RouterParams k3_grouped{16, 8, 4, true, 1.0f};
   for (const RouteShape& s :
-       {RouteShape{1, 2304, 256, kimi}, RouteShape{64, 2304, 256, kimi}, RouteShape{1, 7168, 896, k3},
-        RouteShape{64, 7168, 896, k3}, RouteShape{64, 7168, 896, k3_grouped}}) {
+       {RouteShape{1, 2304, 256, kimi}, RouteShape{64, 2304, 256, kimi}, RouteShape{8, 2304, 256, kimi},
+        RouteShape{1, 7168, 896, k3}, RouteShape{8, 7168, 896, k3}, RouteShape{64, 7168, 896, k3},
+        RouteShape{64, 7168, 896, k3_grouped}}) {
     Tensor x = dyadic({s.tokens, s.hidden}, rng, 16.0f, 16);
     Tensor w = dyadic({s.experts, s.hidden}, rng, 256.0f, 16);
     Tensor bias = random_f32({s.experts}, rng, -0.1f, 0.1f);

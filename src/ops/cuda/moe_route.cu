@@ -458,10 +458,13 @@ void moe_route(CudaContext& ctx, const Tensor& x, const Tensor& w, const Tensor&
   if (rows == 0) return;
 
   Tensor logits;  // [T, E] F32
-  if (rows > kLogitKernelRows) {
-    // A prefill-sized batch is a real GEMM: cuBLASLt, fp32 accumulation and output (a BF16 x with an F32
-    // router weight is widened to F32, exactly). The CUDA-core kernel below took 50 ms of an 8K-token
-    // prefill of Kimi-Linear-48B (5.6% of its kernel time, measured with ncu on an H200).
+  // A prefill-sized batch is a real GEMM: cuBLASLt, fp32 accumulation and output (a BF16 x with an F32
+  // router weight is widened to F32, exactly). The CUDA-core kernel below took 50 ms of an 8K-token
+  // prefill of Kimi-Linear-48B (5.6% of its kernel time, measured with ncu on an H200). A BF16 router weight
+  // (K3's) at 2 to 16 tokens takes the skinny GEMM's tensor-core stream (through linear): there the kernel
+  // below reloads every token's row for each expert's row: K3's [896, 7168] at 8 tokens took 24.3 µs per
+  // call (0.5 TB/s) there, 12.3 here (ncu on an H200; 56 row tiles, under half the SMs).
+  if (rows > kLogitKernelRows || (rows > 1 && skinny_gemm_applies(x, w))) {
     logits = linear(ctx, x, w, true);
   } else {
     logits = ctx.empty({rows, experts}, DType::kF32);
