@@ -558,12 +558,12 @@ echo $? >{}/int_rc.txt
 std::string stall_script(int stop_rank, const std::string& extra) {
   return fmt::format(R"SH(
 dir={}
-rm -f $dir/rank0.pid $dir/rank1.pid
+rm -f $dir/rank0.pid $dir/rank1.pid $dir/stall_out.txt $dir/stall_err.txt
 {} sh -c 'echo $$ > {}/rank$OMPI_COMM_WORLD_RANK.pid; exec "$@"' sh {} --log-level warn generate -m {} \
   --prompt-ids 5,17,300 -n 1000000 --max-seq-len 1000010 --max-batch 1 --ignore-eos --cp 2 --threads 1 {} \
   >$dir/stall_out.txt 2>$dir/stall_err.txt &
 job=$!
-for i in $(seq 600); do [ -s $dir/stall_out.txt ] && break; sleep 0.1; done
+for i in $(seq 600); do [ -s $dir/stall_out.txt ] && [ -s $dir/rank0.pid ] && [ -s $dir/rank1.pid ] && break; sleep 0.1; done
 stopped=$(cat $dir/rank{}.pid)
 other=$(cat $dir/rank{}.pid)
 kill -STOP $stopped
