@@ -17,11 +17,17 @@
 // Per tile (64 keys): the cp.async ring of two tiles, shared by the warpgroups (each thread copies its
 // 16-byte chunks into the swizzled layout, zero-filled past the split's keys and past D, so every value the
 // MMAs read is finite), 36 wgmma k-steps for Sᵀ (Kimi: D = 576), the softmax, 32 wgmma for Oᵀ (8 m64 tiles of
-// V x 4 k-steps), then the freed buffer takes the tile two ahead. The keys of a row block are split across
-// CTAs from host shapes (enough CTAs to fill the GPU); each split takes its share of the block's key tiles
-// from the device kv_len, so a CUDA graph replayed with other lengths stays exact (mla.cu has the split
-// choice and the combine). The mma.sync kernel this replaced took 50.8 µs for 64K keys of one token of 32
-// heads (35% of the copy bandwidth) and was bound by instruction issue: ldmatrix, the MMAs and a
+// V x 4 k-steps), then the freed buffer takes the tile two ahead. Two warpgroups take turns at the tensor
+// cores (turn_wait / turn_pass), so that one group's softmax overlaps the other's product: K3's 96 heads
+// over 64K keys took 374-375 µs at batch 8 against 385-389 with both groups issuing at once, 63.5 against
+// 65.0-65.2 at batch 1 (kernel_bench --mla on an H200). (Measured there and dropped: Oᵀ's products in
+// key-step order, its eight accumulators in turn, and Sᵀ over two accumulators of alternate k-steps, so
+// that no product waits on the one before: 32 heads unchanged, 96 heads at batch 8 389-393 and 397 µs
+// against 390-391; the chains of accumulations are not what the tiles wait on.) The keys of a row block are
+// split across CTAs from host shapes (enough CTAs to fill the GPU); each split takes its share of the block's
+// key tiles from the device kv_len, so a CUDA graph replayed with other lengths stays exact (mla.cu has the
+// split choice and the combine). The mma.sync kernel this replaced took 50.8 µs for 64K keys of one token of
+// 32 heads (35% of the copy bandwidth) and was bound by instruction issue: ldmatrix, the MMAs and a
 // shared-memory round trip of S per tile (docs/benchmarks.md, MLA decode).
 #include <climits>
 #include <cmath>
@@ -100,6 +106,18 @@ __device__ __forceinline__ bool group_sync_or(int group, bool pred) {
         : "memory");
     return any != 0;
   }
+}
+
+// The two warpgroups' turns at the tensor cores (FA3's ping-pong): before issuing a product a group waits
+// at its own barrier (3 + group, both groups' 256 threads), and once it has issued it lets the other group
+// go, so the products of a tile go S0, S1, PV0, PV1 and each group's softmax runs while the other group's
+// product does. Group 1 lets group 0 go first (turn_pass before the loop); group 0 takes the one arrival
+// left over after the loop (turn_wait), so no barrier is left half-arrived.
+__device__ __forceinline__ void turn_wait(int group) {
+  asm volatile("bar.sync %0, %1;" ::"r"(3 + group), "n"(2 * kGroupThreads) : "memory");
+}
+__device__ __forceinline__ void turn_pass(int group) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(3 + (group ^ 1)), "n"(2 * kGroupThreads) : "memory");
 }
 
 // Grid (row-block slots, splits), kGroups warpgroups, MlaSmem's bytes of dynamic shared memory, one CTA per
@@ -264,6 +282,10 @@ __global__ void __launch_bounds__(kGroups* kGroupThreads, 1) mla_attention_kerne
   // P stores: this thread's keys 16w + g and + 8 of block row `row` (its 16-byte chunks 2w and 2w + 1).
   auto p_offset = [&](int row, int key) { return sw128_offset(row, key, kRows); };
 
+  // Ping-pong where both groups have rows (uniform over the CTA); a group without rows (the last block of
+  // a 96-head token) issues no products, so the other runs alone.
+  const bool pingpong = kGroups == 2 && num_rows > kMlaRows;
+  if (pingpong && group == 1) turn_pass(group);
   for (int tile = tile_begin; tile < tile_end; ++tile) {
     const int i = tile - tile_begin, buf = i % kStages;
     unsigned char* kt = k_tiles + buf * Shape::kTileBytes;
@@ -276,6 +298,7 @@ __global__ void __launch_bounds__(kGroups* kGroupThreads, 1) mla_attention_kerne
     if (active) {
       float s[16];
       const uint64_t k_desc = sw128_desc(kt);
+      if (pingpong) turn_wait(group);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBlocks * 4; ++kk) {
@@ -284,6 +307,7 @@ __global__ void __launch_bounds__(kGroups* kGroupThreads, 1) mla_attention_kerne
         wgmma_m64n32k16<0>(s, k_desc + (a_off >> 4), q_desc + (b_off >> 4), kk > 0);
       }
       wgmma_commit();
+      if (pingpong) turn_pass(group);
       wgmma_wait<0>();
       fence_operands(s);
 
@@ -359,6 +383,7 @@ __global__ void __launch_bounds__(kGroups* kGroupThreads, 1) mla_attention_kerne
       group_sync<kGroups>(group);  // the group's P visible to its warps' wgmma
 
       // Oᵀ += Vᵀ·Pᵀ: value columns 64v.. of the tile (MN-major), keys 16 at a time.
+      if (pingpong) turn_wait(group);
       wgmma_fence();
 #pragma unroll
       for (int v = 0; v < kVTiles; ++v) {
@@ -369,6 +394,7 @@ __global__ void __launch_bounds__(kGroups* kGroupThreads, 1) mla_attention_kerne
         }
       }
       wgmma_commit();
+      if (pingpong) turn_pass(group);
       wgmma_wait<0>();
 #pragma unroll
       for (int v = 0; v < kVTiles; ++v) fence_operands(o[v]);
@@ -377,6 +403,8 @@ __global__ void __launch_bounds__(kGroups* kGroupThreads, 1) mla_attention_kerne
     if (tile + kStages < tile_end) load_tile(tile + kStages, buf, pages);
     cp_async_commit();
   }
+
+  if (pingpong && group == 0) turn_wait(group);
 
   // Epilogue: each row's max and sum (lanes, then the group's warps; the sum brought from the reference to
   // the max), O / sum, and (max, sum) in natural units; a row without keys in this split gives 0 and

@@ -12,7 +12,12 @@
 // pdl_wait(), overlapping the previous kernel's tail, since no kernel of a step writes weights.
 // Measured on an H200 and dropped: splitting K across a thread-block cluster for the small matrices, and a
 // two-buffer pipeline per warp; with either, every matrix size took longer per call and the decode step
-// was slower.
+// was slower. And (2026-12-04) a staged form that copied each CTA's whole tile into shared memory with
+// cp.async before pdl_wait(), in 16- or 8-row tiles so that the whole grid was resident at once (o_proj
+// as 288 CTAs of 64 KB, three per SM), meant to stream the matrix while a latency-bound kernel ahead of it
+// runs: o_proj alone 8.4 -> 8.0 µs, but the shared expert's GEMMs 2.8 -> 3.0 and 4.6 -> 4.8-5.0; in the
+// 48B step (--layer-split, batch 1) the KDA layer 42.3 -> 41.3 µs while the MoE layer, none of its kernels
+// staged, went 54.7 -> 56.0, and the 4K batch-1 step 2.55-2.59 -> 2.57-2.62 ms (docs/benchmarks.md).
 //
 // Per-head GEMMs (head_matmul, MLA's W_UK absorption and W_UV at decode) go through the same kernels
 // instead of a cuBLASLt strided batch, which cannot start its weight loads before the kernel ahead of it
