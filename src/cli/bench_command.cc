@@ -57,6 +57,7 @@ struct BenchArgs {
   bool json = false;
   int64_t profile_steps = 0;     // decode steps of the last repeat bracketed for a device profiler
   bool profile_prefill = false;  // also bracket the last repeat's timed prefill (synthetic contexts)
+  std::string kernel_trace;      // a kernel timeline of the bracketed steps (Ops::trace_kernels)
   bool layer_split = false;      // time the step sections (model/step_sections.h)
 };
 
@@ -138,6 +139,10 @@ int run_bench(const BenchArgs& a) {
   HLM_CHECK(a.context > 0 && a.batch > 0 && a.steps > 0 && a.repeats > 0 && a.prefill_chunk >= 0,
             "--context, --batch, --steps and --repeats must be positive, --prefill-chunk >= 0");
   HLM_CHECK(a.profile_steps >= 0 && a.profile_steps < a.steps, "--profile-steps must be in [0, --steps)");
+  // A kernel trace records the steps --profile-steps brackets: one, unless more are asked for.
+  const int64_t profile_steps =
+      a.kernel_trace.empty() ? a.profile_steps : std::max<int64_t>(a.profile_steps, 1);
+  HLM_CHECK(profile_steps < a.steps, "--kernel-trace records one of the decode steps: it needs --steps >= 2");
   check_session_options(a.session);
   SessionOptions so = a.session;
   so.section_timing = a.layer_split;
@@ -174,6 +179,7 @@ int run_bench(const BenchArgs& a) {
     return t;
   };
   if (synthetic) s.model().randomize_caches(99);
+  if (!a.kernel_trace.empty()) s.ops().trace_kernels(a.kernel_trace);
 
   // The compute/communication split of decode steps, from the collectives' device time on this rank
   // (eager steps only: a graph replay runs no host code per collective).
@@ -233,14 +239,14 @@ int run_bench(const BenchArgs& a) {
         decode.entries.push_back(StepEntry{ids[b], false, false, {next[b]}});
       if (step == a.steps - 1) decode.release = ids;
       // The middle of the last repeat: caches warm, graphs captured, the sequences not released.
-      const int64_t profile_from = (a.steps - a.profile_steps) / 2;
+      const int64_t profile_from = (a.steps - profile_steps) / 2;
       const bool profiled =
-          rep == a.repeats - 1 && step >= profile_from && step < profile_from + a.profile_steps;
+          rep == a.repeats - 1 && step >= profile_from && step < profile_from + profile_steps;
       if (profiled && step == profile_from) s.ops().profiler_recording(true);
       const auto t = Clock::now();
       next = s.engine().step_sample(decode, std::vector<SampleParams>(ids.size()));
       step_times.push_back(seconds_since(t));
-      if (profiled && step == profile_from + a.profile_steps - 1) s.ops().profiler_recording(false);
+      if (profiled && step == profile_from + profile_steps - 1) s.ops().profiler_recording(false);
       if (split) comm_times.push_back(s.comm().take_collective_seconds());
       if (a.layer_split) add_sections(s.ops().last_sections(), section_times);
       for (int32_t& x : next) x = std::max(x, 0);  // a non-finite row must not stop a benchmark
@@ -364,6 +370,11 @@ CommandRunner add_bench_command(CLI::App& app) {
   cmd->add_option("--profile-steps", a->profile_steps,
                   "Record N decode steps of the last repeat for a device profiler started with recording "
                   "off (ncu --profile-from-start off)");
+  cmd->add_option(
+         "--kernel-trace", a->kernel_trace,
+         "Write the kernels of the decode steps --profile-steps records (one if not given) to FILE as "
+         "a Chrome trace (CUPTI; CUDA only) and log their busy and idle time")
+      ->type_name("FILE");
   cmd->add_flag("--layer-split", a->layer_split,
                 "Time each decode step's sections (embedding, KDA / MLA attention, dense / MoE FFN, head) "
                 "and report each per layer against its floor (the marks add graph nodes)");

@@ -16,8 +16,10 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "base/error.h"
 #include "base/tensor.h"
 #include "config/model_config.h"
 #include "ops/section_marks.h"
@@ -220,6 +222,12 @@ class Ops {
   // Starts (true) or stops (false) the device profiler's recording, so that `ncu --profile-from-start off`
   // records only the steps `bench --profile-steps` brackets (a no-op without a device profiler).
   virtual void profiler_recording(bool on) {}
+  // From now on, every recording profiler_recording brackets also writes the kernels it ran to `path` (a
+  // Chrome trace, kernel_timeline.h) and logs their busy and idle time; for `bench --kernel-trace`, where
+  // no timeline profiler runs. Throws where the backend cannot record kernels.
+  virtual void trace_kernels(const std::string& path) {
+    HLM_FAIL("--kernel-trace: this backend runs no device kernels to trace (it needs --device cuda)");
+  }
   // Concurrent work inside a step: the ops issued between begin_side() and end_side() may run at the same
   // time as those issued after end_side(), until join_side(); ops after join_side() see the results of
   // both. The side ops read only what existed at begin_side(), and nothing issued after end_side() reads

@@ -382,6 +382,10 @@ TEST(Cli, OversizedRequestsFailFastNamingTheOption) {
       {"bench -m " + kTiny + " --context 1000000000000", "--context 1000000000000 + --steps 32 exceeds"},
       {"bench -m " + kTiny + " --batch 100000 --context 64",
        "the caches for 100000 sequences (--batch) of 96 tokens (--context) need 5.48 GiB"},
+      {"bench -m " + kTiny + " --device cpu --context 16 --steps 3 --kernel-trace /dev/null",
+       "--kernel-trace: this backend runs no device kernels to trace (it needs --device cuda)"},
+      {"bench -m " + kTiny + " --device cpu --context 16 --steps 1 --kernel-trace /dev/null",
+       "--kernel-trace records one of the decode steps: it needs --steps >= 2"},
   };
   for (const ErrorCase& c : cases) {
     // 1 GB of host memory, as a smaller machine would have: the bench case needs 5.5 GB of caches.

@@ -12,6 +12,7 @@
 #include "base/log.h"
 #include "ops/backend.h"
 #include "ops/cuda/cuda_kernels.h"
+#include "ops/cuda/kernel_trace.h"
 
 namespace hlm::cuda {
 
@@ -136,6 +137,16 @@ class CudaOps final : public Ops {
   void profiler_recording(bool on) override {
     HLM_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream()));
     HLM_CUDA_CHECK(on ? cudaProfilerStart() : cudaProfilerStop());
+    if (trace_path_.empty()) return;
+    if (on) {
+      KernelTrace::get().start();
+    } else {
+      write_kernel_trace(trace_path_, KernelTrace::get().stop());
+    }
+  }
+  void trace_kernels(const std::string& path) override {
+    KernelTrace::get();  // fails here, before any step, when CUPTI cannot be loaded
+    trace_path_ = path;
   }
 
   // A mark is an event recorded on the stream; inside a capture it becomes an event-record node
@@ -315,6 +326,7 @@ class CudaOps final : public Ops {
  private:
   CudaContext ctx_;
   bool sections_on_ = false;
+  std::string trace_path_;  // trace_kernels
   SectionMarks marks_;
   std::vector<cudaEvent_t> events_;  // one per mark slot
 };
