@@ -50,7 +50,17 @@ constexpr int kMaxTokens = 16;  // two 8-column token tiles
 // the KDA layer took 46.5 against 44.4 µs at batch 1 and 63.6 against 60.7 at batch 8 (--layer-split).
 // And once more with the streaming chosen per launch below (that projection then on kNarrow): 42.5-42.7
 // against 42.7-42.8 µs at batch 1, 59.1-59.3 against 59.2 at batch 8, the 4K steps inside their noise.
+// A single token takes this kernel up to kCublasRowsOneToken rows: the KDA projection (12,576 rows) then
+// triggers the fused KDA decode early, whose state and weight loads (issued before its PDL wait) overlap
+// the projection; after cuBLASLt, which never triggers its dependents, they followed it. Measured on an H200
+// (2026-12-04, bench --kernel-trace and three alternating runs, 4K): the KDA decode kernel's share of a
+// batch-1 step 204.7 -> 137.7 µs, the projections 366.8 µs (cuBLASLt) -> about 332 here, the step
+// 2.543-2.546 -> 2.490-2.497 ms; at batch 8 this kernel lost (7.400-7.407 -> 7.436-7.449 ms). In a second
+// call: 4K 2.555-2.560 -> 2.502-2.551, 128K 2.884 -> 2.806, 1M 4.434 -> 4.396; batch 2 unchanged (3.407);
+// K3's first 4 layers, whose stacked MLA projection and shared experts' gate|up also come here at one
+// token, 2.580-2.596 -> 2.592-2.596.
 constexpr int64_t kCublasRows = 8192;
+constexpr int64_t kCublasRowsOneToken = 16384;
 
 struct SkinnyGemmParams {
   const bf16* w;  // [M, K]
@@ -348,8 +358,9 @@ __global__ void __launch_bounds__(kHeadThreads) head_rows_kernel(HeadRowsParams 
 }  // namespace
 
 bool skinny_gemm_applies(const Tensor& x, const Tensor& w) {
-  return x.dim(0) >= 1 && x.dim(0) <= kMaxTokens && w.dtype() == DType::kBF16 && w.dim(0) < kCublasRows &&
-         x.dim(1) % 8 == 0 && aligned16(x.raw()) && aligned16(w.raw());
+  return x.dim(0) >= 1 && x.dim(0) <= kMaxTokens && w.dtype() == DType::kBF16 &&
+         w.dim(0) < (x.dim(0) == 1 ? kCublasRowsOneToken : kCublasRows) && x.dim(1) % 8 == 0 &&
+         aligned16(x.raw()) && aligned16(w.raw());
 }
 
 void skinny_gemm(CudaContext& ctx, const Tensor& x, const Tensor& w, Tensor& y) {
