@@ -34,11 +34,13 @@ int main(int argc, char** argv) {
       if (app.got_subcommand(name)) return run();
     }
   } catch (const hlm::Error& e) {
-    std::cerr << (world > 1 ? fmt::format("helixlm: rank {}: error: ", rank) : "helixlm: error: ") << e.what()
-              << "\n";
+    // One write per line: under mpirun other processes (its abort banner) share this stderr, and a line
+    // written in pieces came out with the banner inside it.
+    std::cerr << (world > 1 ? fmt::format("helixlm: rank {}: error: {}\n", rank, e.what())
+                            : fmt::format("helixlm: error: {}\n", e.what()));
     spdlog::debug("raised at {}", e.location());
   } catch (const std::exception& e) {
-    std::cerr << "helixlm: error: " << e.what() << "\n";
+    std::cerr << fmt::format("helixlm: error: {}\n", e.what());
   }
   std::cerr.flush();
   if (world > 1) hlm::abort_all_ranks(1);
