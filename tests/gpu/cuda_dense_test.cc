@@ -54,11 +54,11 @@ TEST_F(CudaDense, LinearMatchesInBf16AndF32) {
   HLM_GPU_OR_SKIP(gpu);
   // Up to 16 tokens with BF16 weights take the weight-streaming kernel (skinny_gemm.cu): row counts off
   // the 16-row tile, K off the 64-column chunk and long K (more chunks than its warps keep in flight).
-  // Its streaming configuration follows the tiles per SM (pick_streaming: at most 1, at most 2, more): on a
-  // GPU of 100 to 199 SMs (an H200 has 132), 3,200 rows (200 tiles) and the 48B's o_proj and dense down
-  // (2,304 rows, 144 tiles) take the second, 6,720 (420) the third, the smaller shapes the first (13,056
-  // columns: 204 chunks, 13 per warp). One token takes it up to 16,384 rows (the 48B's KDA projection,
-  // 12,576), two or more up to 8,192 (cuBLASLt past them: 2 x 9,000).
+  // Its streaming configuration follows the tiles per SM (pick_streaming: at most 1, 2 or 4, more): on a
+  // GPU of 105 to 143 SMs (an H200 has 132), 3,200 rows (200 tiles) and the 48B's o_proj and dense down
+  // (2,304 rows, 144 tiles) take the second, 6,720 (420) the third, the 48B's KDA projection (12,576 rows,
+  // 786 tiles) the fourth, the smaller shapes the first (13,056 columns: 204 chunks, 13 per warp). One
+  // token takes it up to 16,384 rows, two or more up to 8,192 (cuBLASLt past them: 2 x 9,000).
   for (auto [t, in, out] :
        {std::tuple{1, 64, 96}, std::tuple{37, 2304, 520}, std::tuple{150, 128, 16}, std::tuple{5, 2312, 1027},
         std::tuple{16, 200, 72}, std::tuple{9, 4096, 40}, std::tuple{3, 8, 3}, std::tuple{1, 2304, 3200},

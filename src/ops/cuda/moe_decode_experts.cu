@@ -29,6 +29,9 @@ constexpr int kWarps = 8;
 constexpr int kTok = 8;     // token columns per pass (one mma n-tile)
 constexpr int kChunk = 64;  // gate/up: K columns a warp loads per step (two 8-column runs per lane)
 constexpr int kDepth = 2;   // gate/up: chunks each warp has in flight
+// Float4 columns per combine CTA. (Measured on an H200 and dropped: 8, so that the 48B's batch-1 combine
+// reads its 1.2 MB of partials with 72 CTAs instead of 18: the routed experts took 34.0-34.1 µs against
+// 33.5-33.8 at batch 1, kernel_bench --moe.)
 constexpr int kCombineLanes = 32;
 
 using bf16 = __nv_bfloat16;
@@ -227,6 +230,14 @@ __global__ void __launch_bounds__(kWarps * 32, 2) decode_experts_kernel(DecodeEx
 // slice order and scales it by the slot's weight; then the slot-0 threads add the slots in order and the
 // addend. Routing and addend are read before pdl_wait(): the router wrote them two launches back (pdl.cuh),
 // and the shared experts that made the addend were joined before the expert kernel.
+// Measured on an H200 and dropped (2026-12-04): this kernel also taking the residual step after the MoE
+// layer (h += the sum, then the next layer's RMSNorm, add_rms_norm's launch saved): a token's row over a
+// cluster of 16 CTAs (36 float4 columns each) or 8, the sum of squares added across the cluster through
+// distributed shared memory. The 48B's batch-1 step (4K) was unchanged within its noise (2.483-2.533 ms
+// against 2.489-2.543 over three calls; 128K, 1M, batch 2 and 4 within 1.6% either way): the fused
+// kernel ended 6.3-9.1 µs after the expert kernel, where combine and norm had ended 5.8-7.1 µs after it
+// (bench --kernel-trace: its share 164-165 µs per step against 68 + 90 for the two), and with its
+// dependents triggered only after the cluster's sum, 116 µs, but the KDA projection after it 40 µs more.
 struct CombineSlicesParams {
   DecodeExpertsParams e;
   int64_t slices;  // S

@@ -98,8 +98,8 @@ __device__ __forceinline__ void token_words(const XT* row, int64_t col, bool ins
 // kBatched: the per-head form (grid.y batches, strided rows); the plain GEMMs compile without it, since
 // the batch offsets and strides in their address arithmetic made every decode-step GEMM slower (measured
 // on an H200 with bench --layer-split: 0.6 to 1.7 µs per call in the KDA and dense FFN sections).
-template <int kWarps, int kDepth, int kTiles, class XT, class YT, bool kGlu, bool kBatched>
-__global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(SkinnyGemmParams p) {
+template <int kWarps, int kDepth, int kTiles, class XT, class YT, bool kGlu, bool kBatched, int kMinBlocks>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) skinny_gemm_kernel(SkinnyGemmParams p) {
   __shared__ float partial[kWarps][kTiles * 4][32];
   const int64_t tile = blockIdx.x;
   const bf16* weights = kBatched ? p.w + blockIdx.y * p.w_batch : p.w;
@@ -211,25 +211,42 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(SkinnyGemmPara
 // afterwards an L2 prefetch (prefetch.global.L2) of each warp's later chunks before pdl_wait, meant to
 // fill DRAM while the kernel ahead (KDA's latency-bound decode before o_proj) runs: the KDA layer 42.7 ->
 // 43.2 µs, the dense FFN 47.0-47.5 -> 49.2-49.8, K3's first four layers at batch 1 2.83 -> 2.95 ms.
-enum class Streaming { kWide, kNarrow, kDeep };
+// Added later (2026-12-04), past 4 tiles per SM:
+//  - kMany, 6 x 1 at 6 CTAs per SM (56 registers, 36 warps): one token's KDA input projection, 12,576 rows
+//    (786 tiles), was 1.5 waves on kNarrow (528 CTAs resident) and is one wave here (792), with K =
+//    2,304's 36 chunks dealt 6 to each warp: 18.9 -> 16.5 µs in kernel_bench --small-ops. In the steps
+//    (bench, alternating with the build before in one device call): K3's first 4 layers at 4K, batch 1
+//    (its stacked MLA projection is 900 tiles here, its shared experts' gate|up 768) 2.597-2.609 ->
+//    2.551-2.575 ms; the 48B at 4K, batch 1, unchanged within its noise (2.492-2.532 ms against
+//    2.497-2.515 before, and the same in three later calls): the fused KDA decode after the projection
+//    took back what the projection gained (bench --kernel-trace: the projections' share of the step 355
+//    -> 289 µs, that kernel's 133 -> 199; why was not found). 4 x 1 at 6 CTAs per SM, meant to leave
+//    registers for that kernel's CTAs beside the projection: the projection 18.7 µs, the traced shares 299
+//    and 201, K3's step 2.535-2.538 ms, the 48B at 1M keys 4.454 against 4.421 (4.396 with 6 x 1).
+//  - every configuration states its CTAs per SM in __launch_bounds__ (1 but for kMany), which changed
+//    ptxas's register allocation (kWide at one token tile 56 -> 60 registers, the same CTAs per SM); the
+//    small GEMMs were then faster in kernel_bench (a 32-row GEMM 2.5 -> 2.2 µs, the shared expert's
+//    gate|up 3.7 -> 3.4, o_proj 5.9 -> 5.7, two calls).
+enum class Streaming { kWide, kNarrow, kDeep, kMany };
 
 Streaming pick_streaming(int64_t tiles, int sm_count) {
   if (tiles <= sm_count) return Streaming::kDeep;
-  return tiles <= 2 * static_cast<int64_t>(sm_count) ? Streaming::kWide : Streaming::kNarrow;
+  if (tiles <= 2 * static_cast<int64_t>(sm_count)) return Streaming::kWide;
+  return tiles <= 4 * static_cast<int64_t>(sm_count) ? Streaming::kNarrow : Streaming::kMany;
 }
 
-template <int kWarps, int kDepth, int kTiles, class XT, bool kGlu, bool kBatched>
+template <int kWarps, int kDepth, int kTiles, class XT, bool kGlu, bool kBatched, int kMinBlocks = 1>
 void launch_skinny_gemm_cfg(const SkinnyGemmParams& p, dim3 tiles, bool f32_out, cudaStream_t stream) {
   if constexpr (kBatched) {  // per-head products: BF16 out only
     HLM_CHECK(!f32_out, "skinny_gemm: the per-head form writes BF16");
-    launch_pdl(skinny_gemm_kernel<kWarps, kDepth, kTiles, XT, bf16, kGlu, true>, tiles, kWarps * 32, 0,
-               stream, p);
+    launch_pdl(skinny_gemm_kernel<kWarps, kDepth, kTiles, XT, bf16, kGlu, true, kMinBlocks>, tiles,
+               kWarps * 32, 0, stream, p);
   } else if (f32_out) {
-    launch_pdl(skinny_gemm_kernel<kWarps, kDepth, kTiles, XT, float, kGlu, false>, tiles, kWarps * 32, 0,
-               stream, p);
+    launch_pdl(skinny_gemm_kernel<kWarps, kDepth, kTiles, XT, float, kGlu, false, kMinBlocks>, tiles,
+               kWarps * 32, 0, stream, p);
   } else {
-    launch_pdl(skinny_gemm_kernel<kWarps, kDepth, kTiles, XT, bf16, kGlu, false>, tiles, kWarps * 32, 0,
-               stream, p);
+    launch_pdl(skinny_gemm_kernel<kWarps, kDepth, kTiles, XT, bf16, kGlu, false, kMinBlocks>, tiles,
+               kWarps * 32, 0, stream, p);
   }
   HLM_CHECK_LAUNCH("skinny_gemm_kernel");
 }
@@ -246,6 +263,9 @@ void launch_skinny_gemm_tiles(const SkinnyGemmParams& p, dim3 tiles, Streaming s
         break;
       case Streaming::kNarrow:
         launch_skinny_gemm_cfg<8, 1, kTiles, XT, kGlu, false>(p, tiles, f32_out, stream);
+        break;
+      case Streaming::kMany:
+        launch_skinny_gemm_cfg<6, 1, kTiles, XT, kGlu, false, 6>(p, tiles, f32_out, stream);
         break;
       default:
         launch_skinny_gemm_cfg<16, 1, kTiles, XT, kGlu, false>(p, tiles, f32_out, stream);
