@@ -204,7 +204,7 @@ __device__ __forceinline__ void write_selection(const RouterSelectParams& p, int
 // sorted candidate). Measured on an H200 at the 48B's 256 experts, top 8, batch 1: moe_route 5.95-5.96 ->
 // 5.56-5.59 µs (kernel_bench --small-ops); in the decode step the selection ends 4.3 µs after the logits
 // instead of 4.6 (bench --kernel-trace), the step unchanged within its noise, since the shared experts'
-// GEMMs beside the router end only 0.9 µs earlier (docs/benchmarks.md, the nineteenth session).
+// GEMMs beside the router end only 0.8 µs earlier (docs/benchmarks.md, the nineteenth session).
 constexpr int kSortedVpl = 8;
 
 template <int kVpl>
