@@ -196,9 +196,10 @@ __device__ __forceinline__ void write_selection(const RouterSelectParams& p, int
   }
 }
 
-// Step 3 of select_token below without expert groups, for up to kSortedVpl experts per lane: each lane
-// sorts its candidates once, by descending choice (odd-even transposition with a strict compare, so equal
-// choices keep their ascending expert order; experts past E sort last as (-inf, INT_MAX)), and a round is
+// Step 3 of select_token below for up to kSortedVpl experts per lane: each lane sorts its candidates once,
+// by descending choice (odd-even transposition with a strict compare, so equal choices keep their
+// ascending expert order; experts past E or outside the kept groups sort last as (-inf, INT_MAX)), and a
+// round is
 // then the warp argmax of the lanes' first candidates and a shift in the winner's lane, not a scan of
 // every candidate. The same winners in the same order as the scan (its lane best is the lane's first
 // sorted candidate). Measured on an H200 at the 48B's 256 experts, top 8, batch 1: moe_route 5.95-5.96 ->
@@ -255,9 +256,10 @@ __device__ void select_sorted(const RouterSelectParams& p, int64_t t, int lane, 
 //  2. Groups (G > 1): choice goes to the warp's shared array; the warp takes the groups one after another,
 //     each lane keeping the top two of its strided members, merged across lanes; then topk_group rounds of
 //     warp argmax keep the best groups and the experts of the other groups leave the mask.
-//  3. top_k rounds of warp argmax over the lanes' best remaining experts; the winner's owner clears it and
-//     passes its raw score to every lane, which add it to the sum in selection order; lane r keeps round
-//     r's expert and score, so nothing goes through memory before the outputs.
+//  3. top_k rounds of warp argmax over the lanes' best remaining experts (each lane's sorted list,
+//     select_sorted, up to kSortedVpl experts per lane; a scan per round past that); the winner's owner
+//     removes it and passes its raw score to every lane, which add it to the sum in selection order; lane
+//     r keeps round r's expert and score, so nothing goes through memory before the outputs.
 template <int kVpl>
 __device__ void select_token(const RouterSelectParams& p, int64_t t, int lane, const float (&bias)[kVpl],
                              float* smem) {
@@ -268,12 +270,6 @@ __device__ void select_token(const RouterSelectParams& p, int64_t t, int lane, c
 
   float score[kVpl], c[kVpl];
   uint32_t selectable = load_choices<kVpl>(p, logits, lane, 32, bias, score, c);
-  if constexpr (kVpl <= kSortedVpl) {
-    if (p.groups == 1) {
-      select_sorted<kVpl>(p, t, lane, score, c, selectable);
-      return;
-    }
-  }
   if (p.groups > 1) {
 #pragma unroll
     for (int j = 0; j < kVpl; ++j) {
@@ -322,7 +318,12 @@ __device__ void select_token(const RouterSelectParams& p, int64_t t, int lane, c
       if (e < p.experts && !kept[e / p.per_group]) selectable &= ~(1u << j);
     }
   }
+  if constexpr (kVpl <= kSortedVpl) {
+    select_sorted<kVpl>(p, t, lane, score, c, selectable);
+    return;
+  }
 
+  // More than kSortedVpl experts per lane (over 256 experts, in groups): each round scans them.
   float sum = 0.0f, my_score = 0.0f;  // sum: every lane, in selection order (the CPU op's order)
   int my_expert = 0;
   for (int r = 0; r < p.top_k; ++r) {

@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) skinny_gemm_kernel(Sk
 //    and 201, K3's step 2.535-2.538 ms, the 48B at 1M keys 4.454 against 4.421 (4.396 with 6 x 1).
 //  - every configuration states its CTAs per SM in __launch_bounds__ (1 but for kMany), which changed
 //    ptxas's register allocation (kWide at one token tile 56 -> 60 registers, the same CTAs per SM); the
-//    small GEMMs were then faster in kernel_bench (a 32-row GEMM 2.5 -> 2.2 µs, the shared expert's
+//    small GEMMs were then faster in kernel_bench (a 32-row GEMM 2.3-2.5 -> 2.2 µs, the shared expert's
 //    gate|up 3.7 -> 3.4, o_proj 5.9 -> 5.7, two calls).
 enum class Streaming { kWide, kNarrow, kDeep, kMany };
 
