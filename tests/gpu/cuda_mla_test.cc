@@ -362,13 +362,16 @@ TEST_F(CudaMla, AttentionRejectsBadArguments) {
 }
 
 // lse_combine: parts of empty sources ((-inf, 0)) hold NaN and must not be read; a row with no keys on any
-// source gives 0. fp32 throughout (weights differ from the CPU's by expf rounding): 1e-5 relative.
+// source gives 0. fp32 throughout (weights differ from the CPU's by expf rounding): 1e-5 relative. The
+// 132-source shape takes the kernel's batched loads (256 CTAs), the 384-row one its one-source-at-a-time
+// loop (1,536 CTAs, past four per SM).
 TEST_F(CudaMla, LseCombineMatchesCpuAndSkipsEmptySources) {
   HLM_GPU_OR_SKIP(gpu);
   struct Shape {
     int64_t sources, tokens, heads, v;
   };
-  for (const Shape& s : {Shape{4, 5, 6, 37}, Shape{132, 2, 32, 512}, Shape{1, 3, 2, 16}}) {
+  for (const Shape& s :
+       {Shape{4, 5, 6, 37}, Shape{132, 2, 32, 512}, Shape{1, 3, 2, 16}, Shape{24, 4, 96, 512}}) {
     Tensor parts = random_f32({s.sources, s.tokens, s.heads, s.v}, rng_);
     Tensor stats = Tensor::empty({s.sources, s.tokens, s.heads, 2}, DType::kF32);
     std::uniform_real_distribution<float> max_dist(-30.0f, 30.0f), sum_dist(0.5f, 200.0f);

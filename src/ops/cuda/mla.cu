@@ -38,15 +38,15 @@ constexpr int kCombineGroups = kCombineThreads / 32;  // sources are dealt to 8 
 // Grid (rows, ceil(V / (32·kVec))). The CTA forms the weights w_i = s_i·exp(m_i − M) / Σ of its row once
 // (block reductions, so every CTA of a row gets the same bits), then lane l of warp g sums w_i·part_i for
 // its kVec columns over sources g, g+8, ... (so a long source list is read by 8 chains in parallel, each
-// load kVec·4 bytes) and the warps are added in shared memory, in warp order. Sources of weight 0 (empty:
-// (-inf, 0)) add nothing, whatever their parts hold: their loads are issued with the others (unrolled),
-// their values dropped by a select. (Measured on an H200 and dropped, 2026-12-04: a warp's first 16 sources'
-// parts loaded before the weights are formed, so that their round trip overlaps the stats' loads and the
-// reductions. kernel_bench --mla at 64K keys, batch 1: 36.7 -> 34.9 µs at 32 heads, but 149.3 -> 154.3 at
-// batch 8; with the loads fitted to the sources per warp and skipped for splits without keys, 36.6 ->
-// 35.8 at batch 1, 148.8 -> 150.1 at batch 8, 63.7 -> 64.7-65.4 at 96 heads, and the 48B's 4K batch-1
-// step 2.492-2.494 -> 2.501 ms.)
-template <int kVec>
+// load kVec·4 bytes), kBatch sources at a time with all their loads issued before the first product, and
+// the warps are added in shared memory, in warp order. Sources of weight 0 (empty: (-inf, 0)) add nothing
+// and are not read: a split without keys wrote no partial. (Measured on an H200 and dropped, 2026-12-04: a
+// warp's first 16 sources' parts loaded before the weights are formed, so that their round trip overlaps
+// the stats' loads and the reductions. kernel_bench --mla at 64K keys, batch 1: 36.7 -> 34.9 µs at 32
+// heads, but 149.3 -> 154.3 at batch 8; with the loads fitted to the sources per warp and skipped for
+// splits without keys, 36.6 -> 35.8 at batch 1, 148.8 -> 150.1 at batch 8, 63.7 -> 64.7-65.4 at 96 heads,
+// and the 48B's 4K batch-1 step 2.492-2.494 -> 2.501 ms.)
+template <int kVec, int kBatch>
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineParams p) {
   pdl_wait();
   pdl_trigger();
@@ -69,24 +69,42 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
   }
   denom = block_sum(denom, scratch);   // its barriers also publish the weights
   const bool empty = !(denom > 0.0f);  // no keys anywhere: output 0
+  // The weights are divided by the sum here, each by the thread that formed it, not in the loop below:
+  // there the division's called slow path kept the compiler from issuing a source's load before the one
+  // before it had arrived, so a warp's sources were read one L2 round trip after another.
+  if (!empty) {
+    for (int i = tid; i < p.sources; i += kCombineThreads) weight[i] = weight[i] / denom;
+  }
+  __syncthreads();
   const int lane = tid & 31, group = tid >> 5;
   const int col = blockIdx.y * kCols + lane * kVec;  // kVec > 1 only when kVec divides V
   float acc[kVec] = {};
   if (!empty && col < p.v_dim) {
-#pragma unroll 4
-    for (int i = group; i < p.sources; i += kCombineGroups) {
-      const float wi = weight[i];
-      if (wi == 0.0f) continue;  // a split without keys wrote no partial (uniform: a warp shares i)
-      const float* src = p.parts + (i * p.rows + row) * p.v_dim + col;
-      float v[kVec];
-      if constexpr (kVec == 4) {
-        const float4 x = *reinterpret_cast<const float4*>(src);
-        v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
-      } else {
-        v[0] = *src;
+    // kBatch of the warp's sources at a time: their parts are all requested before the first is added.
+    for (int i0 = group; i0 < p.sources; i0 += kBatch * kCombineGroups) {
+      float w[kBatch], v[kBatch][kVec];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int i = i0 + u * kCombineGroups;
+        w[u] = i < p.sources ? weight[i] : 0.0f;  // normalized; 0: a split without keys wrote no partial
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) v[u][e] = 0.0f;
+        if (w[u] != 0.0f) {  // uniform: a warp shares i
+          const float* src = p.parts + (static_cast<int64_t>(i) * p.rows + row) * p.v_dim + col;
+          if constexpr (kVec == 4) {
+            const float4 x = *reinterpret_cast<const float4*>(src);
+            v[u][0] = x.x, v[u][1] = x.y, v[u][2] = x.z, v[u][3] = x.w;
+          } else {
+            v[u][0] = *src;
+          }
+        }
       }
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) acc[e] += wi / denom * v[e];
+      for (int u = 0; u < kBatch; ++u) {
+        if (w[u] == 0.0f) continue;
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc[e] += w[u] * v[u][e];
+      }
     }
   }
 #pragma unroll
@@ -104,15 +122,26 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
   }
 }
 
-void launch_combine(const CombineParams& p, cudaStream_t stream) {
+void launch_combine(const CombineParams& p, int sm_count, cudaStream_t stream) {
   if (p.rows == 0 || p.v_dim == 0) return;
   const bool vec4 = p.v_dim % 4 == 0 && aligned16(p.parts);
   const size_t smem = p.sources * sizeof(float);
   if (vec4) {
-    launch_pdl(combine_kernel<4>, dim3(static_cast<unsigned>(p.rows), blocks_for(p.v_dim, 128)),
-               kCombineThreads, smem, stream, p);
+    const dim3 grid(static_cast<unsigned>(p.rows), blocks_for(p.v_dim, 128));
+    // Eight sources' loads in flight per warp take 62 registers, four CTAs per SM: a decode token's grid
+    // (32 or 96 heads) fits one wave and its chains of round trips get shorter, but batch 8's grids took a
+    // second wave (kernel_bench --mla at 64K keys on an H200, against one source at a time with the
+    // division in the loop: batch 1 36.8-37.2 -> 34.5-34.7 µs at 32 heads, 63.9-64.1 -> 60.6-61.0 at 96;
+    // all grids batched, batch 8 152.2-152.6 -> 153.7-154.1 and 376.1-376.2 -> 383.2-387.9), so larger
+    // grids take one source at a time (32 registers; batch 8 151.3-151.9 -> 151.8-152.4 and 376.7-380.2
+    // -> 377.8-384.0).
+    if (static_cast<int64_t>(grid.x) * grid.y <= 4 * static_cast<int64_t>(sm_count)) {
+      launch_pdl(combine_kernel<4, 8>, grid, kCombineThreads, smem, stream, p);
+    } else {
+      launch_pdl(combine_kernel<4, 1>, grid, kCombineThreads, smem, stream, p);
+    }
   } else {
-    launch_pdl(combine_kernel<1>, dim3(static_cast<unsigned>(p.rows), blocks_for(p.v_dim, 32)),
+    launch_pdl(combine_kernel<1, 8>, dim3(static_cast<unsigned>(p.rows), blocks_for(p.v_dim, 32)),
                kCombineThreads, smem, stream, p);
   }
   HLM_CHECK_LAUNCH("lse_combine");
@@ -356,7 +385,7 @@ void mla_attention(CudaContext& ctx, const Tensor& q, const Tensor& cache, const
   if (splits > 1) {
     launch_combine(CombineParams{p.out, p.stats, out.data<float>(), stats.data<float>(), tokens * heads,
                                  p.v_dim, p.splits},
-                   ctx.stream());
+                   ctx.sm_count(), ctx.stream());
   }
 }
 
@@ -376,7 +405,7 @@ Tensor lse_combine(CudaContext& ctx, const Tensor& parts, const Tensor& stats) {
   Tensor y = ctx.empty({parts.dim(1), parts.dim(2), v_dim}, DType::kF32);  // [T, H, V]
   launch_combine(CombineParams{parts.data<float>(), stats.data<float>(), y.data<float>(), nullptr, rows,
                                static_cast<int>(v_dim), static_cast<int>(sources)},
-                 ctx.stream());
+                 ctx.sm_count(), ctx.stream());
   return y;
 }
 

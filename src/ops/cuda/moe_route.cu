@@ -170,6 +170,17 @@ template <int kVpl>
 __device__ __forceinline__ uint32_t load_choices(const RouterSelectParams& p, const float* logits, int first,
                                                  int stride, const float (&bias)[kVpl], float (&score)[kVpl],
                                                  float (&c)[kVpl]) {
+  // Every logit is loaded before any is used: with each load beside its sigmoid, whose division calls a
+  // slow path, the compiler issued them one after another, each a full L2 round trip (the selection at 8
+  // experts per lane: 2.1-2.8 µs from the dependency wait to the last choice, globaltimer stamps on an
+  // H200). Loaded together: moe_route 5.59 -> 4.59 µs at the 48B's batch-1 shape (kernel_bench
+  // --small-ops), the 4K batch-1 step 2.486-2.525 -> 2.472-2.505 ms.
+  float logit[kVpl];
+#pragma unroll
+  for (int j = 0; j < kVpl; ++j) {
+    const int e = j * stride + first;
+    logit[j] = e < p.experts ? logits[e] : 0.0f;
+  }
   uint32_t exists = 0;
 #pragma unroll
   for (int j = 0; j < kVpl; ++j) {
@@ -177,7 +188,7 @@ __device__ __forceinline__ uint32_t load_choices(const RouterSelectParams& p, co
     score[j] = 0.0f;
     c[j] = -INFINITY;
     if (e < p.experts) {
-      score[j] = logistic(logits[e]);
+      score[j] = logistic(logit[j]);
       c[j] = ranked(score[j] + bias[j]);
       exists |= 1u << j;
     }
@@ -348,7 +359,13 @@ __device__ void select_token(const RouterSelectParams& p, int64_t t, int lane, c
 
 // Grid ceil(T / kSelectWarps), one warp per token, no CTA-wide sync. (Measured on an H200 and dropped:
 // selecting in the last logits CTA to finish, counted through an atomic, instead of this second launch:
-// 3.19 against 3.17 ms per batch-1 step, 8.47 against 8.45 at batch 8.)
+// 3.19 against 3.17 ms per batch-1 step, 8.47 against 8.45 at batch 8. And (2026-12-04) every CTA of the
+// routed experts' decode kernel selecting in its prologue (moe_decode_experts.cu; the shared experts then
+// joined before its combine): the 48B's 4K batch-1 step 2.497-2.504 ms against 2.472-2.505 with this
+// kernel, 128K 2.857 against 2.791, batch 4 4.835 against 4.769 (bench --random-weights, both with the
+// loads of load_choices above), and 2.62 ms while its early-launched CTAs shared SMs with the logits and
+// shared-expert CTAs, unless held to one per SM with padding shared memory; its timestamps showed the
+// selection itself, not the launch, as the cost.)
 template <int kVpl>
 __global__ void __launch_bounds__(kSelectWarps * 32) router_select_kernel(RouterSelectParams p) {
   extern __shared__ float smem[];

@@ -11,7 +11,11 @@
 //    (moe_experts.cu: the down GEMM reads its work list there, the combine its routing and the shared
 //    experts' output). Such loads are not free: they compete with the predecessor's last loads, and early
 //    weight loads made the routed experts' down GEMM and the router logits slower on an H200
-//    (moe_experts.cu, moe_route.cu), so each use is measured;
+//    (moe_experts.cu, moe_route.cu), so each use is measured. A stream join (Ops::join_side) right
+//    before the launch does not make the joined stream's results readable there: inside a captured graph
+//    a combine that read the shared experts' output before its wait, with the side stream joined just
+//    before it, got wrong sums (CudaGolden.GraphDecodeEqualsEagerDecode, 2026-12-04); joined one launch
+//    earlier, as the model does, they are complete before the kernel before it triggers;
 //  - every thread calls pdl_wait() before it reads what the kernel just before it writes, and before it
 //    writes anything. pdl_wait() returns once the predecessor grid has completed and its writes are
 //    visible (and that grid waited for its own predecessor the same way), so everything earlier on the
