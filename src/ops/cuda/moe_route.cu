@@ -48,7 +48,9 @@ struct RouterLogitsParams {
 // shared by the CTA's warps through L1. (Measured on an H200 and dropped: the first four steps' weight
 // loads issued before pdl_wait(): the router took 6.89 µs against 6.57 in kernel_bench --small-ops; and
 // (2026-12-04) each lane's weight loads of four steps issued before their products, after the wait: 6.44
-// against 5.97-6.01 µs.)
+// against 5.97-6.01 µs. And one step per warp, 2 experts x 9 warps or 1 expert x 16 warps per CTA: moe_route
+// 4.58-4.60 -> 4.34-4.35 or 4.28-4.31 µs alone, but the 48B's 4K batch-1 step 2.451-2.480 -> 2.534-2.555
+// or 2.552-2.602 ms, the larger CTAs beside the shared experts' GEMMs on the other stream.)
 template <class XT, class WT, int kTok>
 __global__ void __launch_bounds__(kLogitWarps * 32) router_logits_kernel(RouterLogitsParams p) {
   pdl_wait();
