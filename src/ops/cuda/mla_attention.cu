@@ -127,8 +127,6 @@ __device__ __forceinline__ void turn_pass(int group) {
 // of a 96-head token) copies its share of the tiles and skips the products.
 template <class Shape, class TQ, int kGroups>
 __global__ void __launch_bounds__(kGroups* kGroupThreads, 1) mla_attention_kernel(const MlaParams p) {
-  pdl_wait();
-  pdl_trigger();
   using Smem = MlaSmem<Shape, kGroups>;
   constexpr int kBlocks = Shape::kBlocks, kVTiles = Shape::kVTiles, kRows = Smem::kRows;
   constexpr int kThreads = kGroups * kGroupThreads, kWarps = kGroups * kGroupWarps;
@@ -152,6 +150,8 @@ __global__ void __launch_bounds__(kGroups* kGroupThreads, 1) mla_attention_kerne
   }
   __syncthreads();
   if (block.seq < 0) {
+    pdl_wait();
+    pdl_trigger();
     zero_uncovered_rows<kWarps>(p, blockIdx.x - block.total, gridDim.x - block.total, warp, lane);
     return;
   }
@@ -217,10 +217,23 @@ __global__ void __launch_bounds__(kGroups* kGroupThreads, 1) mla_attention_kerne
     }
   };
   // The first kStages tiles go in flight before Q is read, one commit group per tile (empty past the
-  // split's end, so that every thread waits on the same group count below).
+  // split's end, so that every thread waits on the same group count below). Those wholly below the keys
+  // this step may write go out before pdl_wait(), overlapping the kernels ahead (the query absorption):
+  // the batch table, kv_len and the page table are written by the host before the step, and the step's new
+  // rows (mla_cache_write, on the side stream joined just before this launch) sit at or past the local
+  // keys its first token sees less its own, kv_len[token_begin] - 1.
+  const int old_keys = max(0, min(p.kv_len[seq.token_begin], seq_keys) - 1);
   int pages[kCopyKeys];
-#pragma unroll
-  for (int s = 0; s < kStages; ++s) {
+  int early = 0;  // stages issued before the wait
+  while (early < kStages && tile_begin + early < tile_end && (tile_begin + early + 1) * kKeys <= old_keys) {
+    fetch_pages(tile_begin + early, pages);
+    load_tile(tile_begin + early, early, pages);
+    cp_async_commit();
+    ++early;
+  }
+  pdl_wait();
+  pdl_trigger();
+  for (int s = early; s < kStages; ++s) {
     if (tile_begin + s < tile_end) {
       fetch_pages(tile_begin + s, pages);
       load_tile(tile_begin + s, s, pages);

@@ -9,7 +9,8 @@
 //    there), host-written metadata, a layer's own state that only its kernels of earlier steps write
 //    (kda_decode.cu loads its recurrent state there), and activations written two or more launches back
 //    (moe_experts.cu: the down GEMM reads its work list there, the combine its routing and the shared
-//    experts' output). Such loads are not free: they compete with the predecessor's last loads, and early
+//    experts' output), and the keys a paged cache held before the step (mla_attention.cu). Such loads
+//    are not free: they compete with the predecessor's last loads, and early
 //    weight loads made the routed experts' down GEMM and the router logits slower on an H200
 //    (moe_experts.cu, moe_route.cu), so each use is measured. A stream join (Ops::join_side) right
 //    before the launch does not make the joined stream's results readable there: inside a captured graph
