@@ -197,7 +197,11 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) skinny_gemm_kernel(Sk
 //  - kWide, 16 x 1 (56 registers, 2 CTAs and 32 warps per SM), up to 2 tiles per SM: o_proj [2304 x 4096]
 //    8.2 against 9.0 µs, the dense FFN's down [2304 x 9216] 16.2 against 18.6. In the sweep that chose it,
 //    many warps with one chunk each beat fewer warps with deeper queues at the same bytes in flight (o_proj:
-//    16 x 2 8.7, 8 x 2 8.2-8.7, 32 x 1 at one CTA per SM 9.7, against 7.6-8.0 for 16 x 1).
+//    16 x 2 8.7, 8 x 2 8.2-8.7, 32 x 1 at one CTA per SM 9.7, against 7.6-8.0 for 16 x 1). Again on
+//    2026-12-04, with more loads in flight per SM and the CTAs per SM stated in __launch_bounds__ (no
+//    spills): o_proj 16 x 2 at 2 CTAs per SM (64 registers) 8.88 µs, 12 x 2 at 2 8.11, 8 x 3 at 4 12.07,
+//    against 7.86; the 48B step at 4K, batch 1, 2.427-2.472, 2.407-2.441 and 2.662-2.685 ms against
+//    2.401-2.403 (three rounds in one call).
 //  - kNarrow, 8 x 1 (4 CTAs per SM, the same 32 warps), past 2 tiles per SM, so that the grid stays one
 //    wave: MLA's q|kv_a [6720 x 2304] (420 tiles) 10.2 against 11.7 (kWide: 11.1-11.4 in the sweep).
 //  - kDeep, 16 x 3 (one CTA per SM), up to 1 tile per SM: the CTA's whole slab in flight at once (48 chunks
