@@ -387,7 +387,9 @@ class Ops {
   // keys of each query (a prefix of its sequence's local keys, so causality is a length). Returns
   // out [T, H, v_dim], normalized within this rank, and stats [T, H, 2] = (max logit, Σ exp(logit - max)),
   // natural base, logit = q·k·scale with scale > 0 (a softmax temperature; the CUDA kernel ranks the scores
-  // before scaling them). Rows with kv_len 0 give out 0, stats (-inf, 0).
+  // before scaling them). Rows with kv_len 0 give out 0, stats (-inf, 0). The CUDA kernel reads the batch
+  // table, kv_len, the page table and the cache rows below its first query's kv_len - 1 before its PDL wait
+  // (pdl.cuh), so the launch just before it may write only the step's new rows, at or past those.
   virtual void mla_attention(const Tensor& q, const Tensor& cache, const Tensor& page_table,
                              const MlaBatch& seqs, const Tensor& kv_len, float scale, int64_t v_dim,
                              Tensor& out, Tensor& stats) = 0;
