@@ -27,7 +27,12 @@
 // the conv, 0.9-1.2 for the gate products, 0.5-1.2 for the cluster exchange, 1.1-1.2 for the recurrence,
 // 0.9-1.1 for the norm and 0.1-0.3 for the stores. (Measured there and dropped: the slot-independent
 // weights issued before the span lookup and a_log's expf moved after the wait: the first span unchanged,
-// 3.2 µs, and kernel_bench --kda-decode 12.77 against 9.25 µs at batch 4, 21.76 against 17.94 at 8.)
+// 3.2 µs, and kernel_bench --kda-decode 12.77 against 9.25 µs at batch 4, 21.76 against 17.94 at 8. And
+// the conv cache's stores moved after the cluster barriers, whose release arrive is a GPU-scope fence that
+// waits for them: the cluster exchange 0.35-0.42 µs instead of 0.5-1.2, but the stores' span 0.8 instead
+// of 0.1-0.3, the 48B step unchanged at batch 1 and kernel_bench 13.7 against 9.3 µs at batch 4, 23.0
+// against 18.0 at 8. Both keep values live longer (the kernel has 92 registers as it is); why the larger
+// batches lost that much was not found.)
 //
 // Numerics: the conv outputs, graw and the output gate stay fp32, where the separate ops round them to the
 // activation dtype (bf16).
@@ -285,12 +290,12 @@ bool kda_decode_layer(CudaContext& ctx, const Tensor& proj, const KdaProjColumns
       (!g_b.defined() || (g_b.dtype() == DType::kBF16 && g_b.dim(1) == rank && aligned16(g_b.raw())));
   if (!dispatch_head_dim(kd, [](auto) {}) || !weights_fit || conv_w.dim(1) > kMaxConvWidth) return false;
   // So do batches of more than kLayerMaxHeadRows (row, head) pairs, where the kernel's registers (the
-  // state and the conv window: 76 at K = 128, 6 CTAs per SM) make the grid run in many waves, each
-  // repeating the kernel's chain of latencies. Measured on an H200 with 32 heads of K = V = r = 128
-  // (kernel_bench --kda-decode, one call): this kernel against the separate ops took 6.65 against 9.77 µs
-  // at batch 1, 7.85 against 14.89 at 2, 11.1 against 17.8 at 4, 20.3 against 25.6 at 8, and 154 against
-  // 105 at 64. (Measured there and dropped: 8 CTAs per SM through __launch_bounds__, 64 registers and 28
-  // bytes of spills, so that batch 8 runs in one wave: 22.4 µs at batch 8, 6.8 at 1.)
+  // state and the conv window: 76 at K = 128, 6 CTAs per SM, when this was measured; 92 and 5 on 2026-12-04)
+  // make the grid run in many waves, each repeating the kernel's chain of latencies. Measured on an H200 with
+  // 32 heads of K = V = r = 128 (kernel_bench --kda-decode, one call): this kernel against the separate ops
+  // took 6.65 against 9.77 µs at batch 1, 7.85 against 14.89 at 2, 11.1 against 17.8 at 4, 20.3 against 25.6
+  // at 8, and 154 against 105 at 64. (Measured there and dropped: 8 CTAs per SM through __launch_bounds__, 64
+  // registers and 28 bytes of spills, so that batch 8 runs in one wave: 22.4 µs at batch 8, 6.8 at 1.)
   if (rows * heads > kLayerMaxHeadRows) return false;
 
   out = ctx.empty({rows, heads, kd}, DType::kBF16);  // [T, H, V]
