@@ -22,12 +22,13 @@
 //
 // Where its time goes in a decode step (%globaltimer stamps of CTA 0, thread 0, in a build made for the
 // measurement; the 48B at 4K, batch 1, on an H200, 2026-12-04): 3.2-3.5 µs from the kernel's start to its
-// wait, which then returns at once (the CTAs start only as the input projection's leave the SMs, and its
-// loads are issued into that projection's DRAM traffic), then 0.7-1.1 for the projection's values and
-// the conv, 0.9-1.2 for the gate products, 0.5-1.2 for the cluster exchange, 1.1-1.2 for the recurrence,
-// 0.9-1.1 for the norm and 0.1-0.3 for the stores. (Measured there and dropped: the slot-independent
-// weights issued before the span lookup and a_log's expf moved after the wait: the first span unchanged,
-// 3.2 µs, and kernel_bench --kda-decode 12.77 against 9.25 µs at batch 4, 21.76 against 17.94 at 8. And
+// wait, which then returns at once (the input projection has ended; its CTAs hold the SMs' registers to
+// the end, so these probably start only as they leave, their loads going out into its last DRAM traffic),
+// then 0.7-1.1 for the projection's values and the conv, 0.9-1.2 for the gate products, 0.5-1.2 for the
+// cluster exchange, 1.1-1.2 for the recurrence, 0.9-1.1 for the norm and 0.1-0.3 for the stores.
+// (Measured there and dropped: the slot-independent weights issued before the span lookup and a_log's
+// expf moved after the wait: the first span unchanged, 3.2 µs, and kernel_bench --kda-decode 12.77 against
+// 9.25 µs at batch 4, 21.76 against 17.94 at 8. And
 // the conv cache's stores moved after the cluster barriers, whose release arrive is a GPU-scope fence that
 // waits for them: the cluster exchange 0.35-0.42 µs instead of 0.5-1.2, but the stores' span 0.8 instead
 // of 0.1-0.3, the 48B step unchanged at batch 1 and kernel_bench 13.7 against 9.3 µs at batch 4, 23.0
