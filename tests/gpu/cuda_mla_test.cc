@@ -158,11 +158,13 @@ TEST_F(CudaMla, CacheWriteScattersRowsAndSkipsNegativeSlots) {
 }
 
 // mla_cache_write's one kernel (norm of the latent columns, rope columns copied, rows scattered, negative
-// slots skipped) against the CPU's definition (rms_norm, concat_last, cache_write), at the 48B's widths and a
-// fixture's, BF16 and F32 ckv: the normed columns within bf16 rounding, everything else exact.
+// slots skipped) against the CPU's definition (rms_norm, concat_last, cache_write), at the 48B's widths, a
+// fixture's and a latent past the 512 columns the kernel keeps in registers, BF16 and F32 ckv: the normed
+// columns within bf16 rounding, everything else exact.
 TEST_F(CudaMla, FusedCacheWriteMatchesItsDefinition) {
   HLM_GPU_OR_SKIP(gpu);
-  for (auto [latent, rope] : {std::pair<int64_t, int64_t>{512, 64}, std::pair<int64_t, int64_t>{16, 8}}) {
+  for (auto [latent, rope] : {std::pair<int64_t, int64_t>{512, 64}, std::pair<int64_t, int64_t>{16, 8},
+                              std::pair<int64_t, int64_t>{712, 40}}) {
     const int64_t pages = 6, page = 4, width = latent + rope, rows = 9;
     const Tensor cache0 = round_bf16(random_f32({pages, page, width}, rng_));
     const Tensor ckv = round_bf16(random_f32({rows, width}, rng_, -3.0f, 3.0f));
