@@ -156,16 +156,7 @@ Tensor MlaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext
   const int64_t lat = c.kv_lora_rank;
 
   const Tensor proj = in_proj_.forward(ops, x);  // up to 16 rows: [T, H/tp·qk (or r) + L + R (+ H/N·v)]
-  // The new latent cache rows are written first, on the step's own stream. Written on a side stream and
-  // joined before the attention, they kept the attention from launching early (traced: it started only
-  // once the query absorption had ended), and so from loading its older key tiles while the absorption
-  // runs. Measured on an H200 (48B, batch 1): from q|kv_a's end to the attention's 14.6 µs against 15.4
-  // (bench --kernel-trace at 4K, medians over the 7 layers, one trace each); alternating with the
-  // side-stream form in one call, the step 2.412-2.415 ms against 2.411-2.424 at 4K (within its noise),
-  // 2.720-2.731 against 2.732-2.765 at 128K, 4.318 against 4.353 at 1M; K3's first 4 layers at 128K, batch
-  // 8, 5.483 against 5.532.
   const Tensor ckv = in_proj_.part(ops, x, proj, kKvA);  // [T, L + R]
-  ops.mla_cache_write(ckv, lat, kv_a_norm_, kLatentNormEps, ctx.write_slots, cache_);
   // Each sequence runs the form its cost picks; a step may hold both (a prompt chunk beside decodes).
   const std::vector<bool> expanded = expanded_seqs(env, ctx);
   bool any_expanded = false, any_absorbed = false;
@@ -174,8 +165,21 @@ Tensor MlaLayer::forward(const LayerEnv& env, const Tensor& x, const StepContext
     any_absorbed = any_absorbed || (!expanded[i] && ctx.mla.seqs[i].token_count > 0);
   }
   Tensor q = project_queries(env, x, proj);  // [T, H/tp, nope + R]
-  Tensor q_abs;                              // [T, H/tp, L + R]
-  if (any_absorbed || !any_expanded) q_abs = ops.mla_absorb_queries(q, w_uk_);
+  // The new latent cache rows go out on the step's own stream, with the absorbed queries where the step
+  // needs them (one launch on a device backend, neither waiting for the other). Written on a side stream and
+  // joined before the attention, they kept the attention from launching early (traced: it started only
+  // once the query absorption had ended), and so from loading its older key tiles while the absorption
+  // runs. Measured on an H200 (48B, batch 1): from q|kv_a's end to the attention's 14.6 µs against 15.4
+  // (bench --kernel-trace at 4K, medians over the 7 layers, one trace each); alternating with the
+  // side-stream form in one call, the step 2.412-2.415 ms against 2.411-2.424 at 4K (within its noise),
+  // 2.720-2.731 against 2.732-2.765 at 128K, 4.318 against 4.353 at 1M; K3's first 4 layers at 128K, batch
+  // 8, 5.483 against 5.532.
+  Tensor q_abs;  // [T, H/tp, L + R]
+  if (any_absorbed || !any_expanded) {
+    q_abs = ops.mla_write_and_absorb(ckv, lat, kv_a_norm_, kLatentNormEps, ctx.write_slots, cache_, q, w_uk_);
+  } else {
+    ops.mla_cache_write(ckv, lat, kv_a_norm_, kLatentNormEps, ctx.write_slots, cache_);
+  }
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim()));
   Tensor heads;  // [T, H/N·v]

@@ -382,6 +382,15 @@ class Ops {
     const Tensor normed = rms_norm(slice_last(ckv, 0, latent), norm_w, eps);  // [T, L]
     cache_write(concat_last(normed, slice_last(ckv, latent, ckv.dim(1))), slots, cache);
   }
+  // mla_cache_write, then mla_absorb_queries (above) of the same layer's queries: the two read one
+  // projection's output and nothing of each other. Defined here as exactly those ops (the CPU reference); a
+  // device backend runs both in one launch, so that neither waits for the other.
+  virtual Tensor mla_write_and_absorb(const Tensor& ckv, int64_t latent, const Tensor& norm_w, float eps,
+                                      const Tensor& slots, Tensor& cache, const Tensor& q,
+                                      const Tensor& w_uk) {
+    mla_cache_write(ckv, latent, norm_w, eps, slots, cache);
+    return mla_absorb_queries(q, w_uk);
+  }
   // Partial attention of queries q [T, H, D] over local latent keys (the cache rows, D = L + R) with
   // values = the first `v_dim` columns of the same rows. kv_len [T] I32 is the number of visible local
   // keys of each query (a prefix of its sequence's local keys, so causality is a length). Returns

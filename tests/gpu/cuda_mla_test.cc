@@ -1,10 +1,10 @@
-// The CUDA MLA ops (cache_write, mla_cache_write, mla_attention, lse_combine) against the CPU reference on
-// random inputs. Inputs are rounded to bf16 for the CPU and uploaded as BF16 (the GPU cache is BF16), so both
-// backends see the same values. Batches mix prefill rows (causal kv_len), decode rows with long contexts (so
-// split-KV splits), rows with kv_len 0, rows outside every sequence and the padding entries of a decode graph
-// (token_count 0, num_pages 0, kv_len 0); pages are shuffled over a pool with unused pages, and every cache
-// position no query may read (unused pages, the tail of a sequence's last page) holds NaN, so a read past a
-// sequence's keys shows up as NaN.
+// The CUDA MLA ops (cache_write, mla_cache_write, mla_write_and_absorb, mla_attention, lse_combine) against
+// the CPU reference on random inputs. Inputs are rounded to bf16 for the CPU and uploaded as BF16 (the GPU
+// cache is BF16), so both backends see the same values. Batches mix prefill rows (causal kv_len), decode
+// rows with long contexts (so split-KV splits), rows with kv_len 0, rows outside every sequence and the
+// padding entries of a decode graph (token_count 0, num_pages 0, kv_len 0); pages are shuffled over a pool
+// with unused pages, and every cache position no query may read (unused pages, the tail of a sequence's last
+// page) holds NaN, so a read past a sequence's keys shows up as NaN.
 //
 // Tolerances of mla_attention:
 //  - stats: the logits are fp32 dot products of bf16 values (exact products, only the summation order
@@ -191,6 +191,67 @@ TEST_F(CudaMla, FusedCacheWriteMatchesItsDefinition) {
         }
       }
     }
+  }
+}
+
+// mla_write_and_absorb: the cache write and the query absorption in one launch write exactly what the two
+// CUDA ops write alone (the same CTA bodies), for BF16 and F32 ckv and norm weights, skipped slots (-1 and
+// past the cache), the 48B's shape, a latent past the write's register-held columns, and 16 tokens; an F32
+// q takes the ops of the definition. Both results also against the CPU's definition.
+TEST_F(CudaMla, WriteAndAbsorbIsBothOps) {
+  HLM_GPU_OR_SKIP(gpu);
+  struct Shape {
+    int64_t tokens, heads, nope, rope, latent;
+  };
+  auto same = [](const Tensor& a, const Tensor& b) {
+    return a.shape() == b.shape() &&
+           std::equal(a.data<float>(), a.data<float>() + a.numel(), b.data<float>());
+  };
+  for (const Shape& s : {Shape{1, 32, 128, 64, 512}, Shape{9, 4, 32, 8, 712}, Shape{16, 3, 16, 8, 16}}) {
+    const int64_t pages = 8, page = 4, width = s.latent + s.rope;
+    const Tensor cache0 = round_bf16(random_f32({pages, page, width}, rng_));
+    const Tensor ckv = round_bf16(random_f32({s.tokens, width}, rng_, -3.0f, 3.0f));
+    const Tensor norm_w = round_bf16(random_f32({s.latent}, rng_, 0.5f, 1.5f));
+    const Tensor q = round_bf16(random_f32({s.tokens, s.heads, s.nope + s.rope}, rng_));
+    const Tensor w_uk = round_bf16(random_f32({s.heads, s.nope, s.latent}, rng_, -0.2f, 0.2f));
+    // Distinct slots (7i mod 32), but rows 2, 6, ... (-1: another rank's) and 11, 15 (past the cache, which
+    // the kernel skips and the CPU op refuses: -1 there).
+    Tensor slots = Tensor::empty({s.tokens}, DType::kI64), cpu_slots = Tensor::empty({s.tokens}, DType::kI64);
+    for (int64_t i = 0; i < s.tokens; ++i) {
+      const bool past = i % 4 == 3 && i > 8;
+      slots.data<int64_t>()[i] = i % 4 == 2 ? -1 : past ? pages * page : (7 * i) % (pages * page);
+      cpu_slots.data<int64_t>()[i] = past ? -1 : slots.data<int64_t>()[i];
+    }
+    Tensor want_cache = cache0.clone();
+    cpu_->mla_cache_write(ckv, s.latent, norm_w, 1e-6f, cpu_slots, want_cache);
+    const Tensor want_q = cpu_->mla_absorb_queries(q, w_uk);
+    const Tensor qg = gpu->upload(as_bf16(q)), wg = gpu->upload(as_bf16(w_uk)), sg = gpu->upload(slots);
+    for (bool bf16_ckv : {true, false}) {
+      for (bool bf16_w : {true, false}) {
+        const std::string what = std::to_string(s.tokens) + "x" + std::to_string(s.heads) + " latent " +
+                                 std::to_string(s.latent) + (bf16_ckv ? " BF16 ckv" : " F32 ckv") +
+                                 (bf16_w ? " BF16 norm" : " F32 norm");
+        const Tensor ckv_g = bf16_ckv ? gpu->upload(as_bf16(ckv)) : gpu->upload(ckv);
+        const Tensor w_g = bf16_w ? gpu->upload(as_bf16(norm_w)) : gpu->upload(norm_w);
+        Tensor alone = gpu->upload(as_bf16(cache0));
+        gpu->mla_cache_write(ckv_g, s.latent, w_g, 1e-6f, sg, alone);
+        const Tensor q_alone = gpu->to_host_f32(gpu->mla_absorb_queries(qg, wg));
+        Tensor fused = gpu->upload(as_bf16(cache0));
+        const Tensor q_fused =
+            gpu->to_host_f32(gpu->mla_write_and_absorb(ckv_g, s.latent, w_g, 1e-6f, sg, fused, qg, wg));
+        const Tensor fused_host = gpu->to_host_f32(fused);
+        EXPECT_TRUE(same(fused_host, gpu->to_host_f32(alone))) << what << ": cache";
+        EXPECT_TRUE(same(q_fused, q_alone)) << what << ": absorbed queries";
+        EXPECT_LE(rel_l2(fused_host, want_cache), kOutRelL2) << what;
+        EXPECT_LE(rel_l2(q_fused, want_q), kOutRelL2) << what;
+      }
+    }
+    Tensor cache = gpu->upload(as_bf16(cache0));
+    const Tensor q_f32 = gpu->to_host_f32(gpu->mla_write_and_absorb(gpu->upload(as_bf16(ckv)), s.latent,
+                                                                    gpu->upload(as_bf16(norm_w)), 1e-6f, sg,
+                                                                    cache, gpu->upload(q), wg));
+    EXPECT_LE(rel_l2(gpu->to_host_f32(cache), want_cache), kOutRelL2) << "F32 q";
+    EXPECT_LE(rel_l2(q_f32, want_q), kOutRelL2) << "F32 q";
   }
 }
 

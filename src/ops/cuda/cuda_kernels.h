@@ -124,6 +124,10 @@ void cache_write(CudaContext& ctx, const Tensor& entries, const Tensor& slots, T
 // Ops::mla_cache_write in one kernel.
 void mla_cache_write(CudaContext& ctx, const Tensor& ckv, int64_t latent, const Tensor& norm_w, float eps,
                      const Tensor& slots, Tensor& cache);
+// Ops::mla_write_and_absorb in one kernel (mla_write_absorb.cu), where mla_absorb_queries_applies(q, w_uk).
+Tensor mla_write_and_absorb(CudaContext& ctx, const Tensor& ckv, int64_t latent, const Tensor& norm_w,
+                            float eps, const Tensor& slots, Tensor& cache, const Tensor& q,
+                            const Tensor& w_uk);
 // q [T, H, D] (BF16/F32), cache [pages, P, D] BF16 -> out [T, H, v_dim] F32, stats [T, H, 2] F32.
 void mla_attention(CudaContext& ctx, const Tensor& q, const Tensor& cache, const Tensor& page_table,
                    const MlaBatch& seqs, const Tensor& kv_len, float scale, int64_t v_dim, Tensor& out,

@@ -284,6 +284,13 @@ class CudaOps final : public Ops {
                        const Tensor& slots, Tensor& cache) override {
     cuda::mla_cache_write(ctx_, ckv, latent, norm_w, eps, slots, cache);
   }
+  Tensor mla_write_and_absorb(const Tensor& ckv, int64_t latent, const Tensor& norm_w, float eps,
+                              const Tensor& slots, Tensor& cache, const Tensor& q,
+                              const Tensor& w_uk) override {
+    return cuda::mla_absorb_queries_applies(q, w_uk)
+               ? cuda::mla_write_and_absorb(ctx_, ckv, latent, norm_w, eps, slots, cache, q, w_uk)
+               : Ops::mla_write_and_absorb(ckv, latent, norm_w, eps, slots, cache, q, w_uk);
+  }
   void cache_write(const Tensor& entries, const Tensor& slots, Tensor& cache) override {
     cuda::cache_write(ctx_, entries, slots, cache);
   }

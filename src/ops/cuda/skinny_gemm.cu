@@ -33,6 +33,7 @@
 // launches, whose weight loads already overlap through PDL.)
 #include "ops/cuda/cuda_kernels.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/head_rows.cuh"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/pdl.cuh"
 
@@ -42,6 +43,7 @@ namespace {
 
 constexpr int kChunkCols = 64;  // a chunk: 16 rows x 64 columns; lane (g, t) loads 2 runs of 8 per row
 constexpr int kMaxTokens = 16;  // two 8-column token tiles
+static_assert(kMaxTokens == kHeadMaxTokens, "head_gemv takes the skinny GEMM's token range");
 // Rows from which cuBLASLt takes the GEMM: its tiles stream the large matrices faster (lm_head at 4.4 TB/s,
 // KDA's fused q|k|v at 3.1 against 2.6 here). Measured on an H200 with the 48B config: cuBLASLt from
 // 8,192 rows made the batch-1 step 1.4% and the batch-8 step 2.2% faster than from 65,536, and from
@@ -302,81 +304,10 @@ SkinnyGemmParams skinny_params(const Tensor& x, const Tensor& w, Tensor& y) {
   return p;
 }
 
-// --- head_rows_kernel: y_h = x_h · w_h with w [H, a, b], for a <= 128 -------------------------------------
-// Grid (ceil(b / 128), H), 128 threads: thread (r, c) holds the 8 columns at 8c of the CTA's 128 for the
-// rows r, r + 8, ... of w_h (16 rows, one 16-byte load each, all issued before pdl_wait()), the head's
-// token rows go to shared memory as fp32, and per token each thread sums its rows' products into 8 fp32
-// columns, which the 8 row groups add in shared memory in group order (a fixed order). The weights are
-// read once whatever the token count; the products are fp32 on CUDA cores (at most 16 tokens x 8
-// columns x 16 rows per thread).
-constexpr int kHeadColThreads = 16;                                // 8 columns each: 128 per CTA
-constexpr int kHeadRowGroups = 8;                                  // threads down the rows
-constexpr int kHeadRowsPerThread = 16;                             // w_h rows in flight per thread
-constexpr int kHeadMaxRows = kHeadRowGroups * kHeadRowsPerThread;  // the largest a
-constexpr int kHeadThreads = kHeadColThreads * kHeadRowGroups;
-
-struct HeadRowsParams {
-  const bf16* w;  // [H, a, b]
-  const void* x;  // [T, H, x_ld] BF16 or F32: columns [0, a) multiply w, [a, a + tail) are copied
-  bf16* y;        // [T, H, y_ld]: columns [0, b) the product, [b, b + tail) the copy
-  int64_t heads, a, b, tail;
-  int64_t x_ld, y_ld;
-  int tokens;
-};
-
+// --- head_rows_kernel: y_h = x_h · w_h with w [H, a, b], for a <= 128 (head_rows.cuh) -------------------
 template <class XT>
 __global__ void __launch_bounds__(kHeadThreads) head_rows_kernel(HeadRowsParams p) {
-  __shared__ float xs[kMaxTokens][kHeadMaxRows];                  // [T, a] of this head
-  __shared__ float partial[kHeadRowGroups][kHeadColThreads * 8];  // [row group, column]
-  const int64_t h = blockIdx.y;
-  const int c = threadIdx.x % kHeadColThreads, r = threadIdx.x / kHeadColThreads;
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * (kHeadColThreads * 8) + c * 8;
-  const bf16* w = p.w + h * p.a * p.b;  // [a, b]
-  uint4 wr[kHeadRowsPerThread];
-#pragma unroll
-  for (int i = 0; i < kHeadRowsPerThread; ++i) {
-    const int64_t row = r + i * kHeadRowGroups;
-    wr[i] = col < p.b && row < p.a ? load_streaming(w + row * p.b + col) : make_uint4(0, 0, 0, 0);
-  }
-  pdl_wait();
-  pdl_trigger();
-  const XT* x = static_cast<const XT*>(p.x);
-  for (int64_t i = threadIdx.x; i < p.tokens * p.a; i += kHeadThreads) {
-    const int64_t t = i / p.a, k = i % p.a;
-    xs[t][k] = to_float(x[(t * p.heads + h) * p.x_ld + k]);
-  }
-  if (blockIdx.x == 0) {
-    for (int64_t i = threadIdx.x; i < p.tokens * p.tail; i += kHeadThreads) {
-      const int64_t t = i / p.tail, k = i % p.tail;
-      p.y[(t * p.heads + h) * p.y_ld + p.b + k] =
-          from_float<bf16>(to_float(x[(t * p.heads + h) * p.x_ld + p.a + k]));
-    }
-  }
-  __syncthreads();
-  for (int t = 0; t < p.tokens; ++t) {
-    float acc[8] = {};
-#pragma unroll
-    for (int i = 0; i < kHeadRowsPerThread; ++i) {
-      const int row = r + i * kHeadRowGroups;
-      if (row >= p.a) break;  // uniform over the thread's remaining rows
-      float wf[8];
-      bf16x8_to_f32(wr[i], wf);
-      const float xv = xs[t][row];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc[j] = fmaf(xv, wf[j], acc[j]);
-    }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) partial[r][c * 8 + j] = acc[j];
-    __syncthreads();
-    const int64_t out_col = static_cast<int64_t>(blockIdx.x) * (kHeadColThreads * 8) + threadIdx.x;
-    if (out_col < p.b) {
-      float v = 0.0f;
-#pragma unroll
-      for (int g = 0; g < kHeadRowGroups; ++g) v += partial[g][threadIdx.x];
-      p.y[(t * p.heads + h) * p.y_ld + out_col] = __float2bfloat16_rn(v);
-    }
-    __syncthreads();  // partial is rewritten for the next token
-  }
+  head_rows_block<XT>(p, blockIdx.x, blockIdx.y);
 }
 
 }  // namespace
@@ -399,11 +330,22 @@ void skinny_gemm(CudaContext& ctx, const Tensor& x, const Tensor& w, Tensor& y) 
 
 namespace {
 
-// head_rows_kernel over x [T, H, c] (columns [0, a) times w [H, a, b], then `tail` copied) into y [T, H, b
-// + tail].
 void launch_head_rows(CudaContext& ctx, const Tensor& x, const Tensor& w, int64_t tail, Tensor& y) {
+  const HeadRowsParams p = head_rows_params(x, w, tail, y);
+  const dim3 grid(blocks_for(p.b, kHeadColThreads * 8), static_cast<unsigned>(p.heads));
+  if (x.dtype() == DType::kF32) {
+    launch_pdl(head_rows_kernel<float>, grid, kHeadThreads, 0, ctx.stream(), p);
+  } else {
+    launch_pdl(head_rows_kernel<bf16>, grid, kHeadThreads, 0, ctx.stream(), p);
+  }
+  HLM_CHECK_LAUNCH("head_rows_kernel");
+}
+
+}  // namespace
+
+HeadRowsParams head_rows_params(const Tensor& x, const Tensor& w, int64_t tail, Tensor& y) {
   const int64_t heads = x.dim(1), a = w.dim(1), b = w.dim(2);
-  HLM_CHECK(a + tail <= x.dim(2) && y.dim(2) == b + tail,
+  HLM_CHECK(a + tail <= x.dim(2) && y.dim(2) == b + tail && x.dim(0) <= kHeadMaxTokens && a <= kHeadMaxRows,
             "head_rows: x {} / w {} / y {} with {} copied columns", x.describe(), w.describe(), y.describe(),
             tail);
   HeadRowsParams p{};
@@ -417,16 +359,8 @@ void launch_head_rows(CudaContext& ctx, const Tensor& x, const Tensor& w, int64_
   p.x_ld = x.dim(2);
   p.y_ld = y.dim(2);
   p.tokens = static_cast<int>(x.dim(0));
-  const dim3 grid(blocks_for(b, kHeadColThreads * 8), static_cast<unsigned>(heads));
-  if (x.dtype() == DType::kF32) {
-    launch_pdl(head_rows_kernel<float>, grid, kHeadThreads, 0, ctx.stream(), p);
-  } else {
-    launch_pdl(head_rows_kernel<bf16>, grid, kHeadThreads, 0, ctx.stream(), p);
-  }
-  HLM_CHECK_LAUNCH("head_rows_kernel");
+  return p;
 }
-
-}  // namespace
 
 bool head_gemv_applies(const Tensor& x, const Tensor& w, bool w_transposed) {
   if (x.rank() != 3 || w.rank() != 3 || x.dim(0) < 1 || x.dim(0) > kMaxTokens || w.dtype() != DType::kBF16 ||
