@@ -138,10 +138,12 @@ Tensor Model::feed_forward(Layer& l, const Tensor& h) {
   return feed(l, ops_.rms_norm(h, l.post_attn_norm, static_cast<float>(cfg_.rms_norm_eps)));
 }
 
-Tensor Model::residual_stack(Tensor h, const StepContext& ctx) {
+Tensor Model::residual_stack(Tensor h, const StepContext& ctx, bool final_norm) {
   // Each residual add is fused with the norm that reads its result (add_rms_norm): the same values as
   // h += a; x = rms_norm(h) with one kernel fewer per add on a device backend.
   const auto eps = static_cast<float>(cfg_.rms_norm_eps);
+  HLM_CHECK(!layers_.empty() || !final_norm,
+            "residual_stack: the final norm rides on a layer's residual add");
   if (layers_.empty()) return h;
   // A section holds its sublayer and the residual add + norm that follows it.
   open_attention_section(layers_.front());
@@ -154,6 +156,8 @@ Tensor Model::residual_stack(Tensor h, const StepContext& ctx) {
     Tensor f = feed(l, x);  // [T, hidden]
     if (i + 1 < layers_.size()) {
       x = ops_.add_rms_norm(h, f, layers_[i + 1].input_norm, eps);
+    } else if (final_norm) {
+      return ops_.add_rms_norm(h, f, final_norm_, eps);  // [T, hidden]
     } else {
       ops_.add_inplace(h, f);  // the final norm reads only the logit rows
     }
@@ -192,11 +196,22 @@ Tensor Model::forward(const StepContext& ctx) {
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   ops_.section(step_section_name(StepSection::kEmbedding));
   Tensor h = ops_.embedding(embed_, ctx.token_ids);  // [T, hidden]
-  h = cfg_.attn_res_block_size > 0 ? attn_res_stack(h, ctx) : residual_stack(h, ctx);
+  const bool plain = cfg_.attn_res_block_size == 0;
+  // When every row is a logit row (decode), the plain stack's last residual add carries the final norm: two
+  // launches fewer per step on a device backend (the add and the gather), the same values.
+  const bool norm_in_stack = plain && ctx.every_row_logits && !layers_.empty();
+  if (norm_in_stack) {
+    HLM_CHECK(ctx.logit_rows.dim(0) == ctx.num_tokens,
+              "step context: every_row_logits with {} logit rows of {}", ctx.logit_rows.dim(0),
+              ctx.num_tokens);
+  }
+  h = plain ? residual_stack(h, ctx, norm_in_stack) : attn_res_stack(h, ctx);
   // The head section opens in the stack (AttnRes mixes the final output there); a plain stack ends on an FFN.
-  if (cfg_.attn_res_block_size == 0) ops_.section(step_section_name(StepSection::kHead));
-  Tensor last = ops_.rms_norm(ops_.gather_rows(h, ctx.logit_rows), final_norm_, eps);  // [R, hidden]
-  Tensor logits = ops_.linear(last, lm_head_, /*f32_out=*/true);                       // [R, vocab / N]
+  if (plain) ops_.section(step_section_name(StepSection::kHead));
+  Tensor last = norm_in_stack
+                    ? h
+                    : ops_.rms_norm(ops_.gather_rows(h, ctx.logit_rows), final_norm_, eps);  // [R, hidden]
+  Tensor logits = ops_.linear(last, lm_head_, /*f32_out=*/true);                             // [R, vocab / N]
   const int64_t rows = last.dim(0);
   if (mapping_.world() > 1) {
     // [N, R, V/N] -> [R, N, V/N] = [R, V]: shard n holds vocabulary rows [n·V/N, (n+1)·V/N).

@@ -65,8 +65,9 @@ class Model {
   Tensor attention(Layer& l, const Tensor& h, const StepContext& ctx);
   Tensor feed_forward(Layer& l, const Tensor& h);
   // The layer stack over the embeddings: plain pre-norm residuals, or block attention residuals. Both
-  // return the hidden state that enters the final norm. [T, hidden]
-  Tensor residual_stack(Tensor h, const StepContext& ctx);
+  // return the hidden state that enters the final norm [T, hidden]; the plain one with final_norm returns
+  // that norm itself, which its last residual add then carries.
+  Tensor residual_stack(Tensor h, const StepContext& ctx, bool final_norm);
   Tensor attn_res_stack(Tensor h, const StepContext& ctx);
   AttnResWeights read_attn_res(WeightSource& w, const std::string& key);
   // Opens the timing section of a layer's attention or FFN (Ops::section; a no-op unless enabled).

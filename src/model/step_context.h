@@ -31,6 +31,9 @@ struct StepContext {
   MlaPrefillForm mla_prefill = MlaPrefillForm::kAuto;
 
   Tensor logit_rows;  // [R] I32: rows whose logits the step returns
+  // logit_rows is every row, 0 .. T-1 in order (decode): the final norm then needs no gather, and the last
+  // residual add carries it.
+  bool every_row_logits = false;
 };
 
 }  // namespace hlm

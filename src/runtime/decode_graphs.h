@@ -29,13 +29,20 @@ class DecodeGraphs {
   Tensor run(const StepContext& ctx);
 
  private:
+  // Where each of a step's metadata tensors lies in its bucket's buffer, in 32-bit words; every tensor
+  // starts 16-byte aligned, and the page table comes last, so a step uploads only the pages it lists.
+  struct Layout {
+    int64_t slots = 0, ids = 0, kv_len = 0, rows = 0, seqs = 0, mla = 0, pages = 0, words = 0;
+  };
   struct Bucket {
     int32_t batch = 0;
-    StepContext ctx;  // spans of the capture; tensors: the fixed device buffers
+    StepContext ctx;  // spans of the capture; tensors: views into `metadata`
+    Layout layout;
+    Tensor metadata;  // [words] I32 on the backend: every input of a step, so it goes up in one copy
     Tensor logits;    // [B, vocab], written by every replay
     std::unique_ptr<StepGraph> graph;
   };
-  // Copies host metadata (ctx's first entries, padded to the bucket) into the bucket's buffers.
+  // Copies host metadata (ctx's first entries, padded to the bucket) into the bucket's buffer.
   void fill(Bucket& b, const StepContext* ctx);
 
   Model& model_;

@@ -188,6 +188,8 @@ StepContext Engine::build_context(const StepPlan& plan) {
   }
   ctx.page_table = Tensor::from_vector_i32({static_cast<int64_t>(page_table.size())}, page_table);
   ctx.logit_rows = Tensor::from_vector_i32({static_cast<int64_t>(logit_rows.size())}, logit_rows);
+  // The rows went in ascending and once each, so as many as the step's tokens are all of them.
+  ctx.every_row_logits = static_cast<int64_t>(logit_rows.size()) == total;
   return ctx;
 }
 

@@ -241,7 +241,8 @@ TEST_F(CudaSampling, RandomRowsMatchTheCpuDraws) {
 
 // The real vocabulary size (163840: 20 scan tiles of 8192) with truncations and peaked logits (as a
 // trained model's are), so the kept sets stay small and near-ties rare (each kept token adds ~2^-20 to a
-// row's chance of one).
+// row's chance of one). 16 rows: the most whose parameters go inside the kernels' parameters (more are
+// uploaded, as in the tests of 32 and 250 rows).
 TEST_F(CudaSampling, FullVocabularyRows) {
   HLM_GPU_OR_SKIP(gpu);
   const int64_t rows = 16, n = 163840;

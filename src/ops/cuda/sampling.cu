@@ -14,6 +14,7 @@
 // order-independent and deterministic; the final scan sums in double in a fixed order. With the one-ulp
 // weight differences these change a draw only when u·total (or top_p·total, or a threshold) lies within
 // ~2^-22 of the kept total from a boundary (tests/gpu/cuda_sampling_test.cc derives the margin).
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <vector>
@@ -52,14 +53,24 @@ struct RowState {
   int32_t sampled;  // whether kernels 2 and 3 draw this row
 };
 
+// Rows whose sampling parameters travel inside the kernel parameters. Uploaded instead, they were a copy on
+// the stream between the decode step's lm_head and the scan, which the scan waited for (the trace of a
+// batch-1 step on an H200: 3.7 µs with the GPU idle).
+constexpr int64_t kInlineRows = 16;
+
 struct SampleKernelParams {
-  const float* logits;  // [R, V]
-  const SampleRow* rows;
+  const float* logits;    // [R, V]
+  const SampleRow* rows;  // [R] on the device, or null: the first R of inline_rows
+  SampleRow inline_rows[kInlineRows];
   RowState* state;        // [R]
   float* weights;         // [R, V8]: w_i, 0 past V
   int32_t* ids;           // [R]
   int64_t vocab, padded;  // V and V8 = V rounded up to 8
 };
+
+__device__ __forceinline__ const SampleRow& row_params(const SampleKernelParams& p, int64_t row) {
+  return p.rows != nullptr ? p.rows[row] : p.inline_rows[row];
+}
 
 // --- 1. finite check and argmax ----------------------------------------------------------------------------
 // Whether candidate (v, i) beats (best_v, best_i): the larger value wins, equal values go to the lower index.
@@ -150,7 +161,7 @@ __global__ void __launch_bounds__(32)
   warp_argmax(best_v, best_i);
   finite = __all_sync(0xffffffffu, finite);
   if (lane != 0) return;
-  const bool greedy = p.rows[row].greedy != 0;
+  const bool greedy = row_params(p, row).greedy != 0;
   p.state[row] = RowState{best_v, best_i, finite && !greedy ? 1 : 0};
   if (!finite) {
     p.ids[row] = -1;
@@ -166,7 +177,7 @@ __global__ void __launch_bounds__(kWeightThreads) sample_weights_kernel(const Sa
   const int64_t row = blockIdx.y;
   const RowState st = p.state[row];
   if (st.sampled == 0) return;
-  const float inv_t = p.rows[row].inv_temperature;
+  const float inv_t = row_params(p, row).inv_temperature;
   const float* x = p.logits + row * p.vocab;
   float* w = p.weights + row * p.padded;
   for (int k = 0; k < kWeightItems; ++k) {
@@ -287,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_draw_kernel(const SampleKe
   const int64_t row = blockIdx.x;
   const RowState st = p.state[row];
   if (st.sampled == 0) return;
-  const SampleRow prm = p.rows[row];
+  const SampleRow prm = row_params(p, row);
   const float* w = p.weights + row * p.padded;
   const int64_t n = p.vocab;
   const int tid = threadIdx.x;
@@ -401,17 +412,22 @@ std::vector<int32_t> sample(CudaContext& ctx, const Tensor& logits, const std::v
   if (vocab == 0) return std::vector<int32_t>(rows.size(), -1);  // no token to pick, as on the CPU
 
   const int64_t padded = (vocab + kScanItems - 1) / kScanItems * kScanItems;
-  Tensor row_params = ctx.empty({num_rows * static_cast<int64_t>(sizeof(SampleRow))}, DType::kU8);
-  ctx.upload(params.data(), row_params.raw(), params.size() * sizeof(SampleRow));
   Tensor state = ctx.empty({num_rows * static_cast<int64_t>(sizeof(RowState))}, DType::kU8);
   Tensor ids = ctx.empty({num_rows}, DType::kI32);
-  SampleKernelParams p{logits.data<float>(),
-                       static_cast<const SampleRow*>(row_params.raw()),
-                       static_cast<RowState*>(state.raw()),
-                       nullptr,
-                       ids.data<int32_t>(),
-                       vocab,
-                       padded};
+  SampleKernelParams p{};
+  p.logits = logits.data<float>();
+  p.state = static_cast<RowState*>(state.raw());
+  p.ids = ids.data<int32_t>();
+  p.vocab = vocab;
+  p.padded = padded;
+  Tensor uploaded_rows;
+  if (num_rows <= kInlineRows) {
+    std::copy(params.begin(), params.end(), p.inline_rows);
+  } else {
+    uploaded_rows = ctx.empty({num_rows * static_cast<int64_t>(sizeof(SampleRow))}, DType::kU8);
+    ctx.upload(params.data(), uploaded_rows.raw(), params.size() * sizeof(SampleRow));
+    p.rows = static_cast<const SampleRow*>(uploaded_rows.raw());
+  }
   const unsigned grid_rows = static_cast<unsigned>(num_rows);
   const int64_t slices = (vocab + kSliceItems - 1) / kSliceItems;
   Tensor slice_best = ctx.empty({num_rows * slices * static_cast<int64_t>(sizeof(SliceBest))}, DType::kU8);
