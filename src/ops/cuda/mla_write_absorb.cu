@@ -3,7 +3,8 @@
 // output of the layer's q|kv_a projection and nothing of each other, yet as two launches on one stream the
 // absorption's PDL wait waited for the cache write too: in a decode step it started about 1.7 µs after
 // q|kv_a ended (bench --kernel-trace, the 48B at 4K, batch 1). In one launch both parts start when q|kv_a
-// ends, and the attention after them waits on one kernel.
+// ends, and the attention after them waits on one kernel: traced on an H200, q|kv_a's end to the
+// attention's end 14.6 -> 13.2 µs per MLA layer (medians over one step's 7 layers).
 //
 // Grid: CTAs [0, T) write cache row blockIdx.x; CTA T + i takes column block i % col_blocks of head
 // i / col_blocks of the absorption. Both bodies run 128 threads and issue their weight loads (the norm

@@ -54,8 +54,8 @@ struct RowState {
 };
 
 // Rows whose sampling parameters travel inside the kernel parameters. Uploaded instead, they were a copy on
-// the stream between the decode step's lm_head and the scan, which the scan waited for (the trace of a
-// batch-1 step on an H200: 3.7 µs with the GPU idle).
+// the stream between the decode step's lm_head and the scan, which the scan waited for (a traced batch-1
+// step on an H200: the GPU idle there 3.7 µs, 1.5 µs with the parameters inline).
 constexpr int64_t kInlineRows = 16;
 
 struct SampleKernelParams {
