@@ -1,9 +1,12 @@
 // `helixlm serve`: the OpenAI-compatible HTTP server. Rank 0 binds the port first (so /health answers
 // "Loading model" while weights load), loads the model like every other command, then runs the engine
 // loop on its main thread (the thread MPI belongs to) while HTTP threads parse requests and stream
-// answers; the other ranks execute the broadcast step plans in Engine::serve(). SIGINT / SIGTERM stop it
-// cleanly.
+// answers; the other ranks execute the broadcast step plans in Engine::serve(). SIGINT / SIGTERM drain:
+// new requests get 503, the admitted ones finish, then the process exits 0; a second signal fails the
+// requests still open (an error event ends each stream, a whole answer gets 503) and exits 1.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <memory>
@@ -35,9 +38,13 @@ struct ServeArgs {
   int64_t kv_pages = 0;
 };
 
-std::atomic<bool> g_stop{false};
+// Signals received; the engine loop reads it between steps.
+std::atomic<int> g_stop_requests{0};
 
-void on_signal(int) { g_stop.store(true); }
+void on_signal(int) { g_stop_requests.fetch_add(1); }
+
+// How long answers that are complete on the engine side may take to reach their clients at shutdown.
+constexpr std::chrono::seconds kWriteOutGrace{10};
 
 int run_serve(const ServeArgs& a) {
   int world = 1, rank = 0;
@@ -86,7 +93,7 @@ int run_serve(const ServeArgs& a) {
   HLM_CHECK(scheduler.pages_for(a.max_model_len) <= scheduler.pages_total(),
             "--kv-pages {} cannot hold one sequence of --max-model-len {} ({} pages of {} tokens needed)",
             a.kv_pages, a.max_model_len, scheduler.pages_for(a.max_model_len), so.engine.tokens_per_block);
-  EngineLoop loop(scheduler, metrics, a.max_num_seqs, a.max_queued);
+  EngineLoop loop(scheduler, metrics, a.max_num_seqs, a.max_queued, g_stop_requests);
   const std::string name = a.served_model_name.empty() ? a.session.model_dir : a.served_model_name;
   const ServingContext ctx{name, a.max_model_len, s.config().vocab_size, tokenizer ? &*tokenizer : nullptr,
                            chat ? &*chat : nullptr};
@@ -99,11 +106,24 @@ int run_serve(const ServeArgs& a) {
       "serving '{}' on http://{}:{} ({} sequences, {} tokens per step, max model length {}, {} KV pages)",
       name, a.http.host, a.http.port, a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
       scheduler.pages_total());
-  loop.run(g_stop);
+  // The HTTP server stops only once every answer is out: stopping it ends a stream where it stands.
+  auto stop_http = [&] {
+    if (!service.wait_responses_written(kWriteOutGrace))
+      spdlog::warn("some responses were still being written after {} s; closing anyway",
+                   kWriteOutGrace.count());
+    http->stop();
+  };
+  int64_t cut = 0;
+  try {
+    cut = loop.run();
+  } catch (...) {
+    stop_http();
+    throw;
+  }
   spdlog::info("shutting down");
-  http->stop();
+  stop_http();
   s.engine().stop();
-  return 0;
+  return cut > 0 ? 1 : 0;
 }
 
 }  // namespace

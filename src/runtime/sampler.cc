@@ -22,7 +22,9 @@ int32_t argmax(const float* logits, int64_t n) {
   return static_cast<int32_t>(best);
 }
 
-Sampler::Sampler(const SamplingParams& params, uint64_t stream) : params_(params), stream_(stream) {}
+Sampler::Sampler(const SamplingParams& params, uint64_t stream) : params_(params), stream_(stream) {
+  if (params_.temperature < kGreedyBelowTemperature) params_.temperature = 0.0f;
+}
 
 SampleParams Sampler::next() {
   return SampleParams{params_.temperature, params_.top_k, params_.top_p, params_.seed, stream_, counter_++};

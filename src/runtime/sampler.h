@@ -1,7 +1,7 @@
-// Sampler: the sampling state of one sequence. Greedy when temperature is 0, else temperature / top-k /
-// top-p sampling (SampleParams in ops/ops.h). The random draw of each token is a pure function of (seed,
-// sequence index, tokens sampled so far), so a sequence's tokens depend neither on what else is in the
-// batch nor on the backend that samples them.
+// Sampler: the sampling state of one sequence. Greedy when temperature is 0 (or below
+// kGreedyBelowTemperature), else temperature / top-k / top-p sampling (SampleParams in ops/ops.h). The random
+// draw of each token is a pure function of (seed, sequence index, tokens sampled so far), so a sequence's
+// tokens depend neither on what else is in the batch nor on the backend that samples them.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +17,10 @@ struct SamplingParams {
   float top_p = 1.0f;  // 1: no nucleus cut
   uint64_t seed = 0;
 };
+
+// Temperatures below this sample greedily (vLLM's rule too): 1 / T overflows fp32 as T nears the denormals,
+// and well before that the softmax of logits / T is a one-hot of the maximum anyway.
+inline constexpr float kGreedyBelowTemperature = 1e-5f;
 
 // Checks ranges (temperature >= 0, top_k >= 0, 0 < top_p <= 1) with messages naming the flag.
 void validate(const SamplingParams& p);

@@ -15,10 +15,10 @@ void RequestChannel::push(const SeqOutput& output, Clock::time_point time) {
   cv_.notify_one();
 }
 
-void RequestChannel::fail(const std::string& message) {
+void RequestChannel::fail(int status, const std::string& message) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    error_ = message;
+    error_ = RequestFailure{status, message};
     finished_ = true;
   }
   cv_.notify_one();
@@ -34,10 +34,12 @@ RequestChannel::Events RequestChannel::wait(std::chrono::milliseconds timeout) {
   return e;
 }
 
-EngineLoop::EngineLoop(Scheduler& scheduler, Metrics& metrics, int32_t max_num_seqs, int32_t max_queued)
+EngineLoop::EngineLoop(Scheduler& scheduler, Metrics& metrics, int32_t max_num_seqs, int32_t max_queued,
+                       const std::atomic<int>& stop_requests)
     : scheduler_(scheduler),
       metrics_(metrics),
-      max_in_flight_(static_cast<int64_t>(max_num_seqs) + max_queued) {
+      max_in_flight_(static_cast<int64_t>(max_num_seqs) + max_queued),
+      stop_requests_(stop_requests) {
   HLM_CHECK(max_queued >= 0, "--max-queued-requests must be >= 0 (got {})", max_queued);
   publish_gauges();
 }
@@ -47,6 +49,9 @@ std::shared_ptr<RequestChannel> EngineLoop::submit(SeqRequest request) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (failed_) throw ApiError(503, "the engine has failed; the server is shutting down");
+    // Read under the mutex, as run() does: a request either counts in in_flight_ before run() sees the
+    // stop, or is refused here.
+    if (shutting_down()) throw ApiError(503, "the server is shutting down; it takes no new requests");
     if (in_flight_ >= max_in_flight_) {
       throw ApiError(429,
                      fmt::format("the server is full: {} requests are running or queued (--max-num-seqs plus "
@@ -95,9 +100,44 @@ void EngineLoop::publish_gauges() {
                                    scheduler_.pages_free()});
 }
 
-void EngineLoop::run(const std::atomic<bool>& stop) {
+int64_t EngineLoop::fail_all(int status, const std::string& message) {
+  int64_t n = 0;
+  for (auto& [id, channel] : channels_) {
+    channel->fail(status, message);
+    ++n;
+  }
+  channels_.clear();
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (Incoming& in : inbox_) {
+    in.channel->fail(status, message);
+    ++n;
+  }
+  inbox_.clear();
+  in_flight_ = 0;
+  return n;
+}
+
+int64_t EngineLoop::run() {
   try {
-    while (!stop.load()) {
+    for (;;) {
+      int stops = 0;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stops = stop_requests_.load();
+        if (stops >= 1 && in_flight_ == 0) return 0;
+        if (stops >= 1 && !drain_logged_) {
+          spdlog::info(
+              "shutting down: no new requests; {} running or queued finish first (signal again to "
+              "end them now)",
+              in_flight_);
+          drain_logged_ = true;
+        }
+      }
+      if (stops >= 2) {
+        const int64_t cut = fail_all(503, "the server was stopped before this request finished");
+        spdlog::warn("stopped at once: {} requests cut short", cut);
+        return cut;
+      }
       {
         std::unique_lock<std::mutex> lock(mutex_);
         cv_.wait_for(lock, std::chrono::milliseconds(50),
@@ -113,7 +153,7 @@ void EngineLoop::run(const std::atomic<bool>& stop) {
           scheduler_.add(id, std::move(in.request));
         } catch (const Error& e) {
           // The HTTP side validates first; this is the last line, and it only refuses this request.
-          in.channel->fail(e.what());
+          in.channel->fail(400, e.what());
           left(id);
         }
       }
@@ -131,7 +171,7 @@ void EngineLoop::run(const std::atomic<bool>& stop) {
           auto it = channels_.find(o.id);
           if (it == channels_.end()) continue;
           if (o.finish == FinishReason::kError) {
-            it->second->fail(o.error);  // this request fails; the others go on
+            it->second->fail(500, o.error);  // this request fails; the others go on
           } else {
             it->second->push(o, now);
           }
@@ -142,11 +182,12 @@ void EngineLoop::run(const std::atomic<bool>& stop) {
     }
   } catch (const std::exception& e) {
     spdlog::error("engine loop failed: {}", e.what());
-    const std::string message = fmt::format("the engine failed: {}", e.what());
-    for (auto& [id, channel] : channels_) channel->fail(message);
-    std::lock_guard<std::mutex> lock(mutex_);
-    failed_ = true;
-    for (Incoming& in : inbox_) in.channel->fail(message);
+    {
+      // First, so no request can slip into the inbox after fail_all has emptied it.
+      std::lock_guard<std::mutex> lock(mutex_);
+      failed_ = true;
+    }
+    fail_all(500, fmt::format("the engine failed: {}", e.what()));
     throw;
   }
 }

@@ -3,7 +3,9 @@
 // a RequestChannel back; the loop moves new requests and cancellations into the Scheduler between steps,
 // runs a step, and pushes each sequence's token into its channel. At most max_num_seqs + max_queued
 // requests are in flight: past that, submit() refuses at once (429) instead of growing a queue nobody
-// bounds. An engine failure is fatal: every open request is failed, and run() rethrows.
+// bounds. Shutdown drains: once asked to stop, new requests are refused (503) and the loop returns when
+// the admitted ones have finished; asked again, it fails those still open (503) and returns at once. An
+// engine failure is fatal: every open request is failed, and run() rethrows.
 #pragma once
 
 #include <atomic>
@@ -24,6 +26,12 @@ namespace hlm {
 
 using Clock = std::chrono::steady_clock;
 
+// Why a request failed: the HTTP status and message its response carries.
+struct RequestFailure {
+  int status = 500;
+  std::string message;
+};
+
 struct TimedOutput {
   SeqOutput output;
   Clock::time_point time;
@@ -37,12 +45,12 @@ class RequestChannel {
 
   // Engine thread.
   void push(const SeqOutput& output, Clock::time_point time);
-  void fail(const std::string& message);
+  void fail(int status, const std::string& message);
 
   struct Events {
     std::vector<TimedOutput> outputs;
-    bool finished = false;             // the sequence ended (a finish reason came) or failed
-    std::optional<std::string> error;  // why it failed
+    bool finished = false;                // the sequence ended (a finish reason came) or failed
+    std::optional<RequestFailure> error;  // why it failed
   };
   // HTTP thread: everything that arrived, waiting up to `timeout` for the first event.
   Events wait(std::chrono::milliseconds timeout);
@@ -53,20 +61,28 @@ class RequestChannel {
   std::condition_variable cv_;
   std::vector<TimedOutput> pending_;
   bool finished_ = false;
-  std::optional<std::string> error_;
+  std::optional<RequestFailure> error_;
 };
 
 class EngineLoop {
  public:
-  EngineLoop(Scheduler& scheduler, Metrics& metrics, int32_t max_num_seqs, int32_t max_queued);
+  // stop_requests: how many times the server was told to stop (signals); must outlive the loop.
+  EngineLoop(Scheduler& scheduler, Metrics& metrics, int32_t max_num_seqs, int32_t max_queued,
+             const std::atomic<int>& stop_requests);
 
-  // HTTP threads. Throws ApiError 429 when the server is full, 503 once the engine has failed.
+  // HTTP threads. Throws ApiError 429 when the server is full, 503 once it is shutting down or the engine
+  // has failed.
   std::shared_ptr<RequestChannel> submit(SeqRequest request);
   // HTTP threads: the client left or the text hit a stop string; frees the sequence within one step.
   void cancel(int64_t id);
+  // Shutdown has begun (a stop was requested): submit() refuses.
+  bool shutting_down() const { return stop_requests_.load() > 0; }
 
-  // Engine thread: steps until `stop` becomes true (polled at least every 50 ms while idle).
-  void run(const std::atomic<bool>& stop);
+  // Engine thread: steps until told to stop. After the first stop request, new requests are refused at
+  // once, and run() returns when every request admitted before has finished; after the second (seen
+  // between steps, and at least every 50 ms while idle), the requests still open fail with 503 and run()
+  // returns. Returns how many requests were cut short so.
+  int64_t run();
 
  private:
   struct Incoming {
@@ -76,6 +92,8 @@ class EngineLoop {
   void take_requests(std::vector<Incoming>& incoming, std::vector<int64_t>& cancels);
   void left(int64_t id);
   void publish_gauges();
+  // Fails every open request (running, queued, or not yet taken in); returns how many.
+  int64_t fail_all(int status, const std::string& message);
 
   Scheduler& scheduler_;
   Metrics& metrics_;
@@ -88,6 +106,8 @@ class EngineLoop {
   int64_t next_id_ = 0;
   int64_t in_flight_ = 0;
   bool failed_ = false;
+  const std::atomic<int>& stop_requests_;
+  bool drain_logged_ = false;
 
   // Engine thread only.
   std::map<int64_t, std::shared_ptr<RequestChannel>> channels_;

@@ -38,6 +38,10 @@ void refuse_unsupported(const JsonFields& f) {
     f.fail("repetition_penalty", "1 (penalties are not supported)");
   }
   if (auto v = f.number("min_p", 0.0, 1.0); v && *v != 0.0) f.fail("min_p", "0 (min_p is not supported)");
+  // Honouring it needs the end-of-sequence and stop ids masked out of the first min_tokens samplings.
+  if (auto v = f.integer("min_tokens", 0, kMaxInt); v && *v != 0) {
+    f.fail("min_tokens", "0 (min_tokens is not supported)");
+  }
   if (const nlohmann::json* bias = f.find("logit_bias"); bias && !(bias->is_object() && bias->empty())) {
     f.fail("logit_bias", "empty (logit_bias is not supported)");
   }

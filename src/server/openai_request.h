@@ -1,7 +1,7 @@
 // Requests of /v1/completions and /v1/chat/completions, validated into what the engine runs. Every
 // field is read with its type and range checked (json_fields.h); what helixlm does not implement
-// (n > 1, penalties, logit_bias, echo, constrained decoding, tool_choice "required") is refused by name
-// rather than silently ignored. Prompts are tokenized here, and lengths are checked against
+// (n > 1, penalties, min_p, min_tokens, logit_bias, echo, constrained decoding, tool_choice "required") is
+// refused by name rather than silently ignored. Prompts are tokenized here, and lengths are checked against
 // --max-model-len, so a request the engine would refuse never leaves the HTTP thread.
 #pragma once
 

@@ -83,18 +83,23 @@ nlohmann::json GenerationResponse::delta_from_text(const std::string& text, bool
 }
 
 nlohmann::json GenerationResponse::logprobs_entry(const SampledToken& t) const {
-  auto bytes = [](const std::string& s) {
+  // The token's own bytes, not those of its repaired text: a token holding part of a UTF-8 character
+  // shows as U+FFFD, and the bytes are what lets a client put the character back together.
+  auto bytes = [this](int32_t id) {
+    const std::optional<std::string> raw = text_.token_bytes(id);
+    if (!raw) return nlohmann::json(nullptr);
     nlohmann::json b = nlohmann::json::array();
-    for (unsigned char c : s) b.push_back(static_cast<int>(c));
+    for (unsigned char c : *raw) b.push_back(static_cast<int>(c));
     return b;
   };
-  const std::string token = text_.token_text(t.id);
   nlohmann::json top = nlohmann::json::array();
   for (const TokenLogprob& a : t.top) {
-    const std::string s = text_.token_text(a.id);
-    top.push_back({{"token", s}, {"logprob", a.logprob}, {"bytes", bytes(s)}});
+    top.push_back({{"token", text_.token_text(a.id)}, {"logprob", a.logprob}, {"bytes", bytes(a.id)}});
   }
-  return {{"token", token}, {"logprob", t.logprob}, {"bytes", bytes(token)}, {"top_logprobs", top}};
+  return {{"token", text_.token_text(t.id)},
+          {"logprob", t.logprob},
+          {"bytes", bytes(t.id)},
+          {"top_logprobs", top}};
 }
 
 nlohmann::json GenerationResponse::chunk(nlohmann::json choice) const {
@@ -120,6 +125,9 @@ std::vector<nlohmann::json> GenerationResponse::push(const SeqOutput& out) {
   nlohmann::json lp = nullptr;
   if (out.token) {
     ids_.push_back(out.token->id);
+    // OpenAI's text_offset: where the token's text starts in the returned text, in characters. Text
+    // held back (part of a character, a possible stop string) counts: it is released later, in front.
+    const int64_t offset = text_.decoded_chars();
     text = text_.push(out.token->id, out.stop_token);
     if (want_logprobs_) {
       const nlohmann::json e = logprobs_entry(*out.token);
@@ -132,7 +140,6 @@ std::vector<nlohmann::json> GenerationResponse::push(const SeqOutput& out) {
         for (const nlohmann::json& a : e["top_logprobs"]) {
           if (!top.contains(a["token"].get<std::string>())) top[a["token"].get<std::string>()] = a["logprob"];
         }
-        const int64_t offset = static_cast<int64_t>(content_.size());
         logprobs_["tokens"].push_back(e["token"]);
         logprobs_["token_logprobs"].push_back(e["logprob"]);
         logprobs_["top_logprobs"].push_back(top);

@@ -2,10 +2,13 @@
 
 #include <chrono>
 #include <climits>
+#include <optional>
+#include <thread>
 
 #include <fmt/format.h>
 
 #include "server/api_error.h"
+#include "server/client_connection.h"
 #include "server/json_fields.h"
 #include "server/response_writer.h"
 
@@ -28,12 +31,24 @@ const Tokenizer& need_tokenizer(const ServingContext& ctx) {
   return *ctx.tokenizer;
 }
 
+// Counts a generation response as open while it lives.
+class OpenResponse {
+ public:
+  explicit OpenResponse(std::atomic<int64_t>& count) : count_(count) { ++count_; }
+  ~OpenResponse() { --count_; }
+  OpenResponse(const OpenResponse&) = delete;
+  OpenResponse& operator=(const OpenResponse&) = delete;
+
+ private:
+  std::atomic<int64_t>& count_;
+};
+
 }  // namespace
 
 OpenAiService::OpenAiService(const ServingContext& ctx, EngineLoop& loop, Metrics& metrics)
     : ctx_(ctx), loop_(loop), metrics_(metrics), created_(unix_now()) {}
 
-void OpenAiService::models(const httplib::Request&, httplib::Response& res) {
+void OpenAiService::models(const httplib::Request&, const std::string&, httplib::Response& res) {
   nlohmann::json model = {{"id", ctx_.model_name},
                           {"object", "model"},
                           {"created", created_},
@@ -42,34 +57,71 @@ void OpenAiService::models(const httplib::Request&, httplib::Response& res) {
   reply(res, {{"object", "list"}, {"data", nlohmann::json::array({model})}});
 }
 
-void OpenAiService::completions(const httplib::Request& req, httplib::Response& res) {
-  generate(parse_completion_request(req.body, ctx_), res);
+void OpenAiService::completions(const httplib::Request& req, const std::string& body,
+                                httplib::Response& res) {
+  generate(req, parse_completion_request(body, ctx_), res);
 }
 
-void OpenAiService::chat_completions(const httplib::Request& req, httplib::Response& res) {
-  generate(parse_chat_request(req.body, ctx_), res);
+void OpenAiService::chat_completions(const httplib::Request& req, const std::string& body,
+                                     httplib::Response& res) {
+  generate(req, parse_chat_request(body, ctx_), res);
 }
 
-void OpenAiService::generate(const GenerationRequest& request, httplib::Response& res) {
+bool OpenAiService::wait_responses_written(std::chrono::milliseconds timeout) const {
+  const Clock::time_point deadline = Clock::now() + timeout;
+  while (open_responses_.load() > 0) {
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+void OpenAiService::generate(const httplib::Request& req, const GenerationRequest& request,
+                             httplib::Response& res) {
   const Clock::time_point arrival = Clock::now();
   const char* prefix = request.endpoint == Endpoint::kChat ? "chatcmpl" : "cmpl";
   // Everything that may fail comes before submit: once submitted, only the writer ends the request.
   GenerationResponse response(request, ctx_, fmt::format("{}-{}", prefix, next_response_++), unix_now());
+  // A whole answer is waited for on this thread, watching the connection (a stream's provider has its own
+  // check).
+  std::optional<ClientConnection> client;
+  if (!request.stream) client.emplace(req);
   std::shared_ptr<RequestChannel> channel = loop_.submit(request.seq);
-  auto writer = std::make_shared<ResponseWriter>(channel, std::move(response), request.stream, arrival, loop_,
-                                                 metrics_);
-  // Both kinds are written by a provider, which is what lets the server notice a client that left
-  // while it waits for tokens (this httplib has no other disconnect signal).
+  const int64_t id = channel->id();
+  auto writer = std::make_shared<ResponseWriter>(
+      channel, std::move(response), arrival, [this, id] { loop_.cancel(id); }, metrics_);
+  if (!request.stream) {
+    const OpenResponse open(open_responses_);
+    const std::optional<CompleteResponse> whole = writer->complete([&client] { return client->closed(); });
+    if (!whole) {
+      // Nobody reads this; the status is what /metrics counts (nginx's "client closed request").
+      res.status = 499;
+      res.set_content(
+          dump_json(error_body(499, "the client closed the connection before the answer was ready")),
+          "application/json");
+      return;
+    }
+    res.status = whole->status;
+    res.set_content(whole->body, "application/json");
+    return;
+  }
+  // The provider and releaser keep the writer, and the response counted as open, until httplib has
+  // written the stream and destroys them.
+  auto open = std::make_shared<OpenResponse>(open_responses_);
+  auto provider = [writer](size_t, httplib::DataSink& sink) { return writer->pump(sink); };
+  auto releaser = [writer, open](bool success) { writer->close(success); };
   res.status = 200;
-  res.set_chunked_content_provider(
-      request.stream ? "text/event-stream" : "application/json",
-      [writer](size_t, httplib::DataSink& sink) { return writer->pump(sink); },
-      [writer](bool success) { writer->close(success); });
-  if (request.stream) res.set_header("Cache-Control", "no-cache");
+  res.set_header("Cache-Control", "no-cache");
+  // HTTP/1.0 has no chunked encoding: there the stream ends with the connection.
+  if (req.version == "HTTP/1.0") {
+    res.set_content_provider("text/event-stream", provider, releaser);
+  } else {
+    res.set_chunked_content_provider("text/event-stream", provider, releaser);
+  }
 }
 
-void OpenAiService::tokenize(const httplib::Request& req, httplib::Response& res) {
-  const nlohmann::json body = parse_json_object(req.body);
+void OpenAiService::tokenize(const httplib::Request&, const std::string& raw, httplib::Response& res) {
+  const nlohmann::json body = parse_json_object(raw);
   const JsonFields f(body, "");
   const Tokenizer& tok = need_tokenizer(ctx_);
   std::vector<int32_t> ids;
@@ -93,8 +145,8 @@ void OpenAiService::tokenize(const httplib::Request& req, httplib::Response& res
   reply(res, {{"tokens", tokens}, {"count", ids.size()}, {"max_model_len", ctx_.max_model_len}});
 }
 
-void OpenAiService::detokenize(const httplib::Request& req, httplib::Response& res) {
-  const nlohmann::json body = parse_json_object(req.body);
+void OpenAiService::detokenize(const httplib::Request&, const std::string& raw, httplib::Response& res) {
+  const nlohmann::json body = parse_json_object(raw);
   const JsonFields f(body, "");
   const Tokenizer& tok = need_tokenizer(ctx_);
   const nlohmann::json* tokens = f.find("tokens");

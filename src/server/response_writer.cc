@@ -9,18 +9,19 @@ namespace {
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-// How long one pump waits for tokens before checking the connection again.
+// How long one wait for tokens lasts before the connection is checked again.
 constexpr std::chrono::milliseconds kPoll{50};
+
+std::string error_json(const RequestFailure& f) { return dump_json(error_body(f.status, f.message)); }
 
 }  // namespace
 
 ResponseWriter::ResponseWriter(std::shared_ptr<RequestChannel> channel, GenerationResponse response,
-                               bool stream, Clock::time_point arrival, EngineLoop& loop, Metrics& metrics)
+                               Clock::time_point arrival, std::function<void()> cancel, Metrics& metrics)
     : channel_(std::move(channel)),
       response_(std::move(response)),
-      stream_(stream),
       arrival_(arrival),
-      loop_(loop),
+      cancel_(std::move(cancel)),
       metrics_(metrics) {}
 
 void ResponseWriter::observe(const TimedOutput& t) {
@@ -35,55 +36,69 @@ void ResponseWriter::observe(const TimedOutput& t) {
   ++tokens_;
 }
 
-bool ResponseWriter::write(httplib::DataSink& sink, const std::string& data) {
-  return sink.write(data.data(), data.size());
+std::string ResponseWriter::take(const std::vector<TimedOutput>& outputs) {
+  std::string sse;
+  for (const TimedOutput& t : outputs) {
+    if (response_.done()) break;
+    observe(t);
+    for (const nlohmann::json& c : response_.push(t.output)) sse += sse_event(c);
+  }
+  // A stop string ended the text while the engine still runs the sequence.
+  if (response_.done() && response_.stopped_by_text()) cancel_();
+  return sse;
 }
 
 bool ResponseWriter::pump(httplib::DataSink& sink) {
-  RequestChannel::Events ev = channel_->wait(kPoll);
-  for (const TimedOutput& t : ev.outputs) {
-    if (response_.done()) break;
-    observe(t);
-    for (const nlohmann::json& c : response_.push(t.output)) {
-      if (stream_ && !write(sink, sse_event(c))) return false;
-    }
-  }
+  const RequestChannel::Events ev = channel_->wait(kPoll);
+  std::string data = take(ev.outputs);
+  std::optional<std::string> ending;  // the finish reason once the stream is over
   if (response_.done()) {
-    // A stop string ended the text while the engine still runs the sequence.
-    if (response_.stopped_by_text()) loop_.cancel(channel_->id());
-    std::string body;
-    if (stream_) {
-      for (const nlohmann::json& c : response_.finish_chunks()) body += sse_event(c);
-      body += "data: [DONE]\n\n";
-    } else {
-      body = dump_json(response_.result());
-    }
-    if (!write(sink, body)) return false;
-    ended_ = true;
-    finish_log(response_.finish_reason().c_str());
-    sink.done();
-    return true;
+    for (const nlohmann::json& c : response_.finish_chunks()) data += sse_event(c);
+    ending = response_.finish_reason();
+  } else if (ev.error) {
+    // The status line went out with the first chunk: the failure travels as an event.
+    data += "data: " + error_json(*ev.error) + "\n\n";
+    ending = "error";
   }
-  if (ev.error) {
-    const nlohmann::json err = error_body(500, *ev.error);
-    const std::string body = stream_ ? sse_event(err) + "data: [DONE]\n\n" : dump_json(err);
-    write(sink, body);
-    ended_ = true;
-    finish_log("error");
-    sink.done();
-    return true;
-  }
+  if (ending) data += "data: [DONE]\n\n";
   // No news: make sure someone is still listening (a closed socket reads as end of file).
-  return sink.is_writable();
+  if (data.empty()) return sink.is_writable();
+  if (!sink.write(data.data(), data.size())) return false;
+  if (ending) {
+    ended_ = true;
+    finish_log(*ending);
+    sink.done();
+  }
+  return true;
 }
 
 void ResponseWriter::close(bool success) {
   if (ended_ && success) return;
-  loop_.cancel(channel_->id());
+  cancel_();
   if (!ended_) finish_log("abort");
 }
 
-void ResponseWriter::finish_log(const char* finish_reason) {
+std::optional<CompleteResponse> ResponseWriter::complete(const std::function<bool()>& client_gone) {
+  for (;;) {
+    const RequestChannel::Events ev = channel_->wait(kPoll);
+    take(ev.outputs);
+    if (response_.done()) {
+      finish_log(response_.finish_reason());
+      return CompleteResponse{200, dump_json(response_.result())};
+    }
+    if (ev.error) {
+      finish_log("error");
+      return CompleteResponse{ev.error->status, error_json(*ev.error)};
+    }
+    if (client_gone()) {
+      cancel_();
+      finish_log("abort");
+      return std::nullopt;
+    }
+  }
+}
+
+void ResponseWriter::finish_log(const std::string& finish_reason) {
   metrics_.count_finished(finish_reason);
   metrics_.add_tokens(response_.prompt_tokens(), tokens_);
   const Clock::time_point end = tokens_ > 0 ? last_ : Clock::now();

@@ -1,13 +1,18 @@
-// ResponseWriter: drives one generation response on its HTTP thread. httplib calls pump() repeatedly
-// from the response's content provider; each call waits briefly for the request's engine outputs,
-// turns them into SSE chunks (stream) or keeps them for one JSON body (otherwise), and checks that the
-// client is still there, so a disconnect cancels the sequence within one poll. It also times the
-// request (TTFT, inter-token latency) for the metrics and writes the request's log line at the end.
+// ResponseWriter: drives one generation response on its HTTP thread. A stream is written by httplib's
+// content provider, which calls pump() repeatedly: each call waits briefly for the request's engine
+// outputs, turns them into SSE chunks and checks that the client is still there, so a disconnect cancels
+// the sequence within one poll. A non-streaming answer is built by complete(), which waits on the
+// handler's thread until the response is whole, so it goes out with its true status and a
+// Content-Length, and polls the client's connection meanwhile. The writer also times the request (TTFT,
+// inter-token latency) for the metrics and writes the request's log line at the end.
 #pragma once
 
 #include <httplib.h>
 
+#include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "server/engine_loop.h"
 #include "server/metrics.h"
@@ -15,26 +20,37 @@
 
 namespace hlm {
 
+// A non-streaming answer: HTTP status and JSON body.
+struct CompleteResponse {
+  int status = 200;
+  std::string body;
+};
+
 class ResponseWriter {
  public:
-  ResponseWriter(std::shared_ptr<RequestChannel> channel, GenerationResponse response, bool stream,
-                 Clock::time_point arrival, EngineLoop& loop, Metrics& metrics);
+  // cancel: ends the request's sequence in the engine (the client left, or a stop string matched).
+  ResponseWriter(std::shared_ptr<RequestChannel> channel, GenerationResponse response,
+                 Clock::time_point arrival, std::function<void()> cancel, Metrics& metrics);
 
-  // One turn of the content provider; false ends the response (client gone).
+  // Streaming: one turn of the content provider; false ends the response (client gone).
   bool pump(httplib::DataSink& sink);
-  // httplib's resource releaser: success is false when the connection failed before the end.
+  // Streaming: httplib's resource releaser; success is false when the connection failed before the end.
   void close(bool success);
 
+  // Non-streaming: the whole answer once the request ends (200, or the failure's status), or nullopt
+  // when `client_gone` said so first (the sequence is then cancelled).
+  std::optional<CompleteResponse> complete(const std::function<bool()>& client_gone);
+
  private:
+  // Feeds the engine outputs to the response; returns the SSE chunks they make (none when not streaming).
+  std::string take(const std::vector<TimedOutput>& outputs);
   void observe(const TimedOutput& t);
-  bool write(httplib::DataSink& sink, const std::string& data);
-  void finish_log(const char* finish_reason);
+  void finish_log(const std::string& finish_reason);
 
   std::shared_ptr<RequestChannel> channel_;
   GenerationResponse response_;
-  bool stream_;
   Clock::time_point arrival_;
-  EngineLoop& loop_;
+  std::function<void()> cancel_;
   Metrics& metrics_;
   Clock::time_point first_{};
   Clock::time_point last_{};

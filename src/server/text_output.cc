@@ -1,8 +1,20 @@
 #include "server/text_output.h"
 
+#include <algorithm>
+
 #include "tokenizer/utf8.h"
 
 namespace hlm {
+
+namespace {
+
+// Code points in valid UTF-8: the bytes that are not continuation bytes.
+int64_t count_chars(const std::string& s) {
+  return std::count_if(s.begin(), s.end(),
+                       [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
+}
+
+}  // namespace
 
 TextOutput::TextOutput(const Tokenizer* tokenizer, std::vector<std::string> stop, bool skip_special_tokens)
     : tokenizer_(tokenizer), stop_(std::move(stop)), skip_special_(skip_special_tokens) {
@@ -39,12 +51,16 @@ std::string TextOutput::release(std::string text) {
 std::string TextOutput::push(int32_t id, bool stop_token) {
   if (!decoder_ || stopped_ || stop_token) return "";
   if (skip_special_ && tokenizer_->is_special(id)) return "";
-  return release(decoder_->push(id));
+  std::string text = decoder_->push(id);
+  decoded_chars_ += count_chars(text);
+  return release(std::move(text));
 }
 
 std::string TextOutput::finish() {
   if (!decoder_ || stopped_) return "";
-  std::string out = release(decoder_->flush());
+  std::string text = decoder_->flush();
+  decoded_chars_ += count_chars(text);
+  std::string out = release(std::move(text));
   if (stopped_) return out;
   out += held_;
   held_.clear();
@@ -54,6 +70,11 @@ std::string TextOutput::finish() {
 std::string TextOutput::token_text(int32_t id) const {
   if (!tokenizer_) return "token_id:" + std::to_string(id);
   return to_valid_utf8(tokenizer_->token_bytes(id));
+}
+
+std::optional<std::string> TextOutput::token_bytes(int32_t id) const {
+  if (!tokenizer_) return std::nullopt;
+  return std::string(tokenizer_->token_bytes(id));
 }
 
 }  // namespace hlm

@@ -5,6 +5,7 @@
 // a tokenizer there is no text: every call returns "".
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,6 +26,12 @@ class TextOutput {
 
   // The text of one token on its own, for log-probability entries (invalid UTF-8 replaced).
   std::string token_text(int32_t id) const;
+  // The bytes of one token as the tokenizer has them (a piece of a UTF-8 character stays a piece);
+  // nullopt without a tokenizer.
+  std::optional<std::string> token_bytes(int32_t id) const;
+  // Characters (code points) decoded so far, text held back for a stop string included: where the text
+  // of the next token starts in the output.
+  int64_t decoded_chars() const { return decoded_chars_; }
 
  private:
   std::string release(std::string text);
@@ -34,6 +41,7 @@ class TextOutput {
   std::vector<std::string> stop_;
   bool skip_special_;
   std::string held_;  // decoded text that may be the start of a stop string
+  int64_t decoded_chars_ = 0;
   bool stopped_ = false;
 };
 

@@ -6,7 +6,8 @@
 // whose arguments become a JSON object: string values raw, other types parsed as JSON (raw text when
 // they do not parse), written as Python's json.dumps does; a <|open|>json…<|sep|> block is taken as the
 // arguments text itself. Attribute values are unescaped (&quot; then &amp;). Structural markers outside
-// the channels (<|close|>message<|sep|>, <|end_of_msg|>) are dropped.
+// the channels (<|close|>message<|sep|>, <|end_of_msg|>) are dropped. A malformed call (no tool name, an
+// argument without a key) yields no tool call; like all of the tools channel, its text is not content.
 #include "tokenizer/channel_parser.h"
 #include "tokenizer/prompt_builder.h"
 
@@ -142,6 +143,7 @@ class K3OutputParser : public OutputParser::Impl {
           head_.clear();
           args_ = nlohmann::ordered_json::object();
           json_block_.clear();
+          malformed_ = false;
         } else {
           state_ = State::kTop;
         }
@@ -194,6 +196,10 @@ class K3OutputParser : public OutputParser::Impl {
   }
 
   void add_argument() {
+    if (arg_key_.empty()) {
+      malformed_ = true;
+      return;
+    }
     if (arg_type_.empty() || arg_type_ == "string") {
       args_[arg_key_] = value_;
       return;
@@ -205,7 +211,7 @@ class K3OutputParser : public OutputParser::Impl {
   void finish_call(ParsedDelta& out) {
     state_ = State::kTools;
     partial_.clear();
-    if (call_name_.empty()) return;  // a call without a tool name is dropped, as vLLM does
+    if (call_name_.empty() || malformed_) return;  // dropped, as vLLM drops a call without a tool name
     std::string arguments = json_block_.empty() ? python_json(args_, /*compact=*/false) : json_block_;
     emit_call(call_name_, std::move(arguments), out);
   }
@@ -221,7 +227,8 @@ class K3OutputParser : public OutputParser::Impl {
   std::vector<std::string> json_markers_ = {kJsonClose};
   std::string head_, value_, json_block_, call_name_, arg_key_, arg_type_;
   nlohmann::ordered_json args_ = nlohmann::ordered_json::object();
-  std::string partial_;  // the raw text of the call being read
+  bool malformed_ = false;  // the call being read has an argument without a key
+  std::string partial_;     // the raw text of the call being read
 };
 
 }  // namespace

@@ -3,8 +3,15 @@
 // tool-call section); calls are
 //   <|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>
 //   {"city": "Beijing"}<|tool_call_end|>…<|tool_calls_section_end|>
-// The call id is kept as the model wrote it; the name is the id without its `functions.` prefix and `:n`
-// suffix (what ^(?:functions\.)?([\w.]+):(\d+)$ captures). Arguments are the JSON text, trimmed.
+// The call id is kept as the model wrote it; the name is what ^(?:functions\.)?([\w.]+):(\d+)$ captures
+// in it. Arguments are the JSON text, trimmed. A malformed call (an id that does not match, no
+// <|tool_call_argument_begin|>, or another call or the section's end before <|tool_call_end|>) yields no
+// tool call, and its text is dropped like the rest of the section, as those parsers do.
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <optional>
+
 #include "tokenizer/channel_parser.h"
 
 namespace hlm {
@@ -25,16 +32,26 @@ std::string trim(std::string_view s) {
   return std::string(s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1));
 }
 
-// The name in `functions.{name}:{index}`: the id without the `functions.` prefix and the `:{digits}`
-// suffix (either may be missing).
-std::string name_from_id(const std::string& id) {
-  std::string name = id.rfind("functions.", 0) == 0 ? id.substr(10) : id;
-  const size_t colon = name.rfind(':');
-  if (colon != std::string::npos && colon + 1 < name.size() &&
-      name.find_first_not_of("0123456789", colon + 1) == std::string::npos) {
-    name.resize(colon);
-  }
-  return name;
+// The name in a call id `functions.{name}:{index}` (the prefix is optional), or nullopt for an id of
+// another shape. \w and \d are Unicode's, as in Python's re, so a name may be 你好.
+std::optional<std::string> name_from_id(const std::string& id) {
+  static const std::unique_ptr<pcre2_code, decltype(&pcre2_code_free)> re = [] {
+    const char* pattern = R"(^(?:functions\.)?([\w.]+):(\d+)$)";
+    int error = 0;
+    PCRE2_SIZE offset = 0;
+    return std::unique_ptr<pcre2_code, decltype(&pcre2_code_free)>(
+        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern), PCRE2_ZERO_TERMINATED,
+                      PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY, &error, &offset, nullptr),
+        &pcre2_code_free);
+  }();
+  const std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> match(
+      pcre2_match_data_create_from_pattern(re.get(), nullptr), &pcre2_match_data_free);
+  // Invalid UTF-8 is an error code here, so it counts as no match.
+  if (pcre2_match(re.get(), reinterpret_cast<PCRE2_SPTR>(id.data()), id.size(), 0, 0, match.get(), nullptr) <
+      0)
+    return std::nullopt;
+  const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(match.get());
+  return id.substr(ov[2], ov[3] - ov[2]);
 }
 
 class KimiOutputParser : public OutputParser::Impl {
@@ -111,9 +128,10 @@ class KimiOutputParser : public OutputParser::Impl {
     } else if (m == kSectionBegin) {
       state_ = State::kSection;
     } else if (m == kSectionEnd) {
-      state_ = State::kContent;
+      state_ = State::kContent;  // a call still open is malformed: dropped
+      partial_.clear();
     } else if (m == kCallBegin) {
-      state_ = State::kCallId;
+      state_ = State::kCallId;  // likewise a call still open
       id_.clear();
       args_.clear();
       partial_ = m;
@@ -122,7 +140,8 @@ class KimiOutputParser : public OutputParser::Impl {
       partial_.append(m);
     } else if (m == kCallEnd) {
       const std::string id = trim(id_);
-      emit_call_with_id(id, name_from_id(id), trim(args_), out);
+      const std::optional<std::string> name = name_from_id(id);
+      if (state_ == State::kCallArgs && name) emit_call_with_id(id, *name, trim(args_), out);
       state_ = State::kSection;
       partial_.clear();
     }
@@ -140,8 +159,8 @@ class KimiOutputParser : public OutputParser::Impl {
   std::vector<std::string> reasoning_markers_;
   std::vector<std::string> content_markers_;
   std::vector<std::string> section_markers_ = {kCallBegin, kSectionEnd};
-  std::vector<std::string> id_markers_ = {kArgBegin, kCallEnd};
-  std::vector<std::string> args_markers_ = {kCallEnd};
+  std::vector<std::string> id_markers_ = {kArgBegin, kCallEnd, kCallBegin, kSectionEnd};
+  std::vector<std::string> args_markers_ = {kCallEnd, kCallBegin, kSectionEnd};
   std::string id_, args_;
   std::string partial_;  // the raw text of the call being read
 };

@@ -11,8 +11,11 @@
 //   <|sep|>)*<|close|>call<|sep|>, and become JSON arguments (strings raw, other types parsed).
 //
 // Tool calls are reported once complete (the whole call in one delta), with ids `functions.{name}:{n}`
-// (Kimi Linear: the id the model wrote). Push text without the stop token (<|im_end|> / <|end_of_msg|>);
-// K3's structural markers after the response (<|close|>message<|sep|>, <|end_of_msg|>) are dropped.
+// (Kimi Linear: the id the model wrote). A complete but malformed call (Kimi Linear: an id other than
+// `[functions.]{name}:{index}`, or no argument marker; K3: no tool name, or an argument without a key)
+// is no tool call, and its text is dropped with the rest of the tool-call section. Push text without the stop
+// token (<|im_end|> / <|end_of_msg|>); K3's structural markers after the response (<|close|>message<|sep|>,
+// <|end_of_msg|>) are dropped.
 #pragma once
 
 #include <memory>

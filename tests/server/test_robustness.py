@@ -1,11 +1,15 @@
 """The server under abuse: more concurrent requests than --max-num-seqs plus the queue (the surplus gets
-429 at once, the rest complete), clients that disconnect mid-stream (their sequence is cancelled and
-its KV pages freed, seen through /metrics), malformed or refused requests (the right 4xx in OpenAI's
-error shape, and the server keeps serving, a running request undisturbed), API keys and body limits."""
+429 at once, the rest complete), clients that disconnect mid-stream or before their whole answer (their
+sequence is cancelled and its KV pages freed, seen through /metrics), malformed or refused requests (the
+right 4xx in OpenAI's error shape, and the server keeps serving, a running request undisturbed), API keys,
+body limits, HTTP/1.0 clients, and shutdown by signal (running requests drain; a second signal ends them
+with an error)."""
 import concurrent.futures
 import http.client
 import json
 import os
+import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -29,6 +33,36 @@ def wait_for(predicate, timeout):
             return True
         time.sleep(0.02)
     return predicate()
+
+
+def post_stream(server, body):
+    """An open streaming response whose first event has arrived."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200, resp.status
+    first = resp.readline()
+    assert first.startswith(b"data: "), first
+    return conn, resp, first
+
+
+def sse_events(text):
+    """The data of each event of an SSE body, JSON-decoded except the final [DONE]."""
+    events = [line[len("data: "):] for line in text.split("\n") if line.startswith("data: ")]
+    return [e if e == "[DONE]" else json.loads(e) for e in events]
+
+
+def raw_exchange(port, request):
+    """Sends bytes on a fresh connection and reads until the server closes it: (status line, headers, body)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    return lines[0], headers, body
 
 
 def assert_openai_error(test, body, status):
@@ -110,6 +144,122 @@ class Disconnect(unittest.TestCase):
             self.assertEqual(status, 200, body)
 
 
+    def test_a_client_leaving_before_its_whole_answer_frees_its_sequence(self):
+        # One sequence runs and one waits for the slot; both clients leave before their answers exist.
+        with Server("--max-model-len", "16384", "--max-num-seqs", "1") as s:
+            conns = []
+            for _ in range(2):
+                conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+                conn.request("POST", "/v1/completions", json.dumps(greedy(16000)),
+                             {"Content-Type": "application/json"})
+                conns.append(conn)
+            self.assertTrue(wait_for(lambda: s.metrics()["helixlm:num_requests_running"] == 1
+                                     and s.metrics()["helixlm:num_requests_waiting"] == 1, 10.0), s.metrics())
+            for conn in conns:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+                conn.close()
+
+            def freed():
+                m = s.metrics()
+                return (m["helixlm:num_requests_running"] == 0 and m["helixlm:num_requests_waiting"] == 0
+                        and m["helixlm:kv_pages_used"] == 0
+                        and m.get('helixlm:requests_finished_total{finish_reason="abort"}') == 2)
+
+            self.assertTrue(wait_for(freed, 15.0), s.metrics())
+            m = s.metrics()
+            self.assertLess(m["helixlm:generation_tokens_total"], 16000)
+            self.assertEqual(m['helixlm:requests_total{status="499"}'], 2)
+            status, body = s.post("/v1/completions", greedy(4))
+            self.assertEqual(status, 200, body)
+
+
+class Shutdown(unittest.TestCase):
+    """SIGTERM drains: new requests get 503, the running ones finish, exit 0. A second signal ends them
+    at once, each with an error (a stream's error event, a whole answer's 503), and the exit code is 1."""
+
+    def start_two(self, s, n):
+        """A stream and a whole answer of n tokens each, both running."""
+        conn, resp, first = post_stream(s, greedy(n, stream=True))
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        self.addCleanup(pool.shutdown)
+        whole = pool.submit(s.post, "/v1/completions", greedy(n))
+        self.assertTrue(wait_for(lambda: s.metrics()["helixlm:num_requests_running"] == 2, 10.0), s.metrics())
+        return conn, resp, first, whole
+
+    def test_sigterm_lets_running_requests_finish_then_exits_0(self):
+        n = 3000
+        with Server("--max-model-len", "4096") as s:
+            conn, resp, first, whole = self.start_two(s, n)
+            s.proc.send_signal(signal.SIGTERM)
+            self.assertTrue(wait_for(lambda: s.get("/health")[0] == 503, 10.0))
+            code, err = s.post("/v1/completions", greedy(2))
+            self.assertEqual(code, 503, err)
+            assert_openai_error(self, err, 503)
+            events = sse_events((first + resp.read()).decode())
+            conn.close()
+            self.assertEqual(events[-1], "[DONE]")
+            self.assertEqual(sum(len(e["choices"][0].get("token_ids", [])) for e in events[:-1] if e["choices"]),
+                             n)
+            self.assertEqual(events[-2]["choices"][0]["finish_reason"], "length")
+            code, body = whole.result()
+            self.assertEqual(code, 200, body)
+            self.assertEqual(body["usage"]["completion_tokens"], n)
+            self.assertEqual(s.proc.wait(timeout=60), 0, s.log_text())
+
+    def test_a_second_signal_ends_running_requests_with_an_error(self):
+        with Server("--max-model-len", "16384") as s:
+            conn, resp, first, whole = self.start_two(s, 16000)
+            s.proc.send_signal(signal.SIGTERM)
+            self.assertTrue(wait_for(lambda: s.get("/health")[0] == 503, 10.0))
+            s.proc.send_signal(signal.SIGINT)
+            events = sse_events((first + resp.read()).decode())
+            conn.close()
+            self.assertEqual(events[-1], "[DONE]")
+            assert_openai_error(self, events[-2], 503)
+            code, body = whole.result()
+            self.assertEqual(code, 503, body)
+            assert_openai_error(self, body, 503)
+            self.assertEqual(s.proc.wait(timeout=60), 1, s.log_text())
+
+
+class Protocol(unittest.TestCase):
+    def test_http10_form_bodies_and_methods(self):
+        with Server("--max-model-len", "4096") as s:
+            body = json.dumps(greedy(5)).encode()
+            # HTTP/1.0 knows no chunked encoding: a whole answer comes with its length, a stream ends
+            # with the connection.
+            status, headers, data = raw_exchange(s.port, b"POST /v1/completions HTTP/1.0\r\nContent-Type: "
+                                                 b"application/json\r\nContent-Length: %d\r\n\r\n%s"
+                                                 % (len(body), body))
+            self.assertIn(" 200 ", status)
+            self.assertNotIn("transfer-encoding", headers)
+            self.assertEqual(int(headers["content-length"]), len(data))
+            self.assertEqual(len(json.loads(data)["choices"][0]["token_ids"]), 5)
+            body = json.dumps(greedy(5, stream=True)).encode()
+            status, headers, data = raw_exchange(s.port, b"POST /v1/completions HTTP/1.0\r\nContent-Length: "
+                                                 b"%d\r\n\r\n%s" % (len(body), body))
+            self.assertIn(" 200 ", status)
+            self.assertNotIn("transfer-encoding", headers)
+            self.assertEqual(sse_events(data.decode())[-1], "[DONE]")
+            # curl -d sends application/x-www-form-urlencoded; a body past httplib's 8 KiB cap on forms is
+            # still the JSON request.
+            long_prompt = {"prompt": [5, 17] * 1500, "max_tokens": 3, "temperature": 0}
+            self.assertGreater(len(json.dumps(long_prompt)), 8192)
+            code, out = s.post("/v1/completions", long_prompt,
+                               headers={"Content-Type": "application/x-www-form-urlencoded"})
+            self.assertEqual(code, 200, out)
+            self.assertEqual(out["usage"]["completion_tokens"], 3)
+            for method, path, allow in (("GET", "/v1/chat/completions", "POST"), ("DELETE", "/v1/models", "GET, HEAD"),
+                                        ("POST", "/v1/models", "GET, HEAD")):
+                conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+                conn.request(method, path, b"{}" if method == "POST" else None)
+                resp = conn.getresponse()
+                self.assertEqual(resp.status, 405, (method, path))
+                self.assertEqual(resp.getheader("Allow"), allow)
+                assert_openai_error(self, json.loads(resp.read()), 405)
+                conn.close()
+
+
 class BadRequests(unittest.TestCase):
     CASES = [
         (b"{not json", 400, None),
@@ -124,6 +274,7 @@ class BadRequests(unittest.TestCase):
         ({"prompt": PROMPT, "logprobs": 50}, 400, "logprobs"),
         ({"prompt": PROMPT, "stop_token_ids": [1, -3]}, 400, "stop_token_ids"),
         ({"prompt": PROMPT, "frequency_penalty": 0.5}, 400, "frequency_penalty"),
+        ({"prompt": PROMPT, "min_tokens": 8}, 400, "min_tokens"),
         ({"prompt": [1, 99999]}, 400, "prompt"),
         ({"prompt": []}, 400, "prompt"),
         ({"prompt": [[1, 2], [3]]}, 400, "prompt"),
@@ -168,6 +319,7 @@ class BadRequests(unittest.TestCase):
             code, err = s.post("/v1/completions", b'{"prompt": "' + b"a" * 10000 + b'"}')
             self.assertEqual(code, 413)
             assert_openai_error(self, err, 413)
+            self.assertIn("--max-request-bytes (4096 bytes)", err["error"]["message"])
             for headers in ({"Authorization": "Bearer wrong"}, {"Authorization": "sekrit"},
                             {"Authorization": ""}):
                 code, err = s.post("/v1/completions", greedy(2), headers=headers)
@@ -178,6 +330,20 @@ class BadRequests(unittest.TestCase):
             self.assertEqual(s.get("/health", headers={"Authorization": "Bearer wrong"})[0], 200)
             code, body = s.post("/v1/completions", greedy(2))
             self.assertEqual(code, 200, body)
+            # The scheme is case-insensitive (RFC 7235).
+            for scheme in ("bearer", "BEARER"):
+                code, body = s.post("/v1/completions", greedy(2), headers={"Authorization": f"{scheme} sekrit"})
+                self.assertEqual(code, 200, (scheme, body))
+
+
+class Port(unittest.TestCase):
+    def test_a_second_server_on_the_same_port_is_refused(self):
+        with Server() as s:
+            second = subprocess.run([helixlm_binary(), "serve", "-m", TINY_MODEL, "--port", str(s.port)],
+                                    capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(second.returncode, 0)
+            self.assertIn(f"cannot listen on 127.0.0.1:{s.port}", second.stderr)
+            self.assertEqual(s.get("/health")[0], 200)
 
 
 class ModelResolution(unittest.TestCase):

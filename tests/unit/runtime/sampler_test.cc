@@ -16,6 +16,20 @@ TEST(Sampler, GreedyTakesTheFirstMaximum) {
   EXPECT_EQ(s.sample(logits({0.1f, 3.0f, -1.0f, 3.0f})), 1);
 }
 
+TEST(Sampler, TemperaturesTooSmallToInvertAreGreedy) {
+  // 1e-40 is a denormal: 1 / T is infinite, and the softmax over logits * (1 / T) was NaN, which took the
+  // last index; the sampler now passes such rows on as greedy (temperature 0) to every backend.
+  Tensor x = logits({0.1f, 3.0f, -1.0f, 2.0f});
+  for (float t : {1e-40f, 1e-30f, 9e-6f}) {
+    Sampler s(SamplingParams{t, 0, 1.0f, 7}, 0);
+    EXPECT_EQ(s.next().temperature, 0.0f) << t;
+    EXPECT_EQ(s.sample(x), 1) << t;
+  }
+  Sampler at_bound(SamplingParams{kGreedyBelowTemperature, 0, 1.0f, 7}, 0);
+  EXPECT_EQ(at_bound.next().temperature, kGreedyBelowTemperature);
+  EXPECT_EQ(at_bound.sample(x), 1);
+}
+
 TEST(Sampler, TopKOneAndTinyTopPAreGreedy) {
   Tensor x = logits({0.5f, 0.2f, 2.0f, 1.9f});
   Sampler k1(SamplingParams{1.0f, 1, 1.0f, 3}, 0);

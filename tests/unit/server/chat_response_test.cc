@@ -1,6 +1,7 @@
 // Chat responses from scripted model output (token ids the Kimi tokenizer gives for a known text, fed
 // as if sampled): tool calls and <think> reasoning come out in OpenAI's fields, streamed and whole,
-// with finish_reason "tool_calls" when the turn calls tools; a marker split across steps never leaks.
+// with finish_reason "tool_calls" when the turn calls tools; a malformed call is none, streamed or whole;
+// a marker split across steps never leaks.
 #include <gtest/gtest.h>
 
 #include "server/openai_response.h"
@@ -95,6 +96,22 @@ TEST_F(ChatResponseTest, ToolCallsBecomeOpenAiToolCalls) {
   EXPECT_EQ(deltas["tool_calls"][0]["index"], 0);
   EXPECT_EQ(deltas["tool_calls"][1]["index"], 1);
   EXPECT_EQ(deltas["tool_calls"][1]["function"]["name"], "get_time");
+}
+
+TEST_F(ChatResponseTest, AMalformedCallIsNoToolCallStreamedOrWhole) {
+  // No argument marker, then an id of another shape: neither is a call, and their text is not content.
+  const auto [whole, deltas] =
+      run("Let me check.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0 {\"city\": "
+          "\"Paris\"}<|tool_call_end|><|tool_call_begin|>get weather<|tool_call_argument_begin|>{}"
+          "<|tool_call_end|><|tool_calls_section_end|>",
+          /*tools=*/true);
+  const nlohmann::json& choice = whole["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "stop");
+  EXPECT_EQ(choice["message"]["content"], "Let me check.");
+  EXPECT_FALSE(choice["message"].contains("tool_calls"));
+  EXPECT_EQ(deltas["content"], "Let me check.");
+  EXPECT_TRUE(deltas["tool_calls"].empty());
+  EXPECT_EQ(deltas["finish_reason"], "stop");
 }
 
 TEST_F(ChatResponseTest, WithoutToolsTheMarkersAreNotParsedAsCalls) {

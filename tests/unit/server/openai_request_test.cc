@@ -25,7 +25,8 @@ TEST(OpenAiRequest, AcceptedCompletionBecomesTheEngineRequest) {
   const GenerationRequest r = parse_completion_request(
       R"({"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 5, "temperature": 0.5, "top_p": 0.9,
           "top_k": 7, "seed": 42, "stop_token_ids": [9], "logprobs": 2, "stream": true,
-          "stream_options": {"include_usage": true}, "ignore_eos": true, "n": 1, "frequency_penalty": 0})",
+          "stream_options": {"include_usage": true}, "ignore_eos": true, "n": 1, "frequency_penalty": 0,
+          "min_tokens": 0})",
       id_only());
   EXPECT_EQ(r.seq.prompt, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(r.seq.max_new_tokens, 5);
@@ -70,6 +71,9 @@ TEST(OpenAiRequest, WrongFieldsAreRefusedByName) {
       {R"({"prompt": [1], "best_of": 2})", 400, "best_of"},
       {R"({"prompt": [1], "presence_penalty": 1})", 400, "presence_penalty"},
       {R"({"prompt": [1], "repetition_penalty": 1.1})", 400, "repetition_penalty"},
+      {R"({"prompt": [1], "min_tokens": 4})", 400, "min_tokens"},  // not silently ignored
+      {R"({"prompt": [1], "min_tokens": -1})", 400, "min_tokens"},
+      {R"({"prompt": [1], "min_tokens": 1.5})", 400, "min_tokens"},
       {R"({"prompt": [1], "logit_bias": {"5": 1}})", 400, "logit_bias"},
       {R"({"prompt": [1], "response_format": {"type": "json_object"}})", 400, "response_format.type"},
       {R"({"prompt": [1], "echo": true})", 400, "echo"},

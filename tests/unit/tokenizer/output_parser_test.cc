@@ -91,12 +91,12 @@ TEST(KimiOutputParser, ToolCallsAndContent) {
 }
 
 TEST(KimiOutputParser, NamesFromIds) {
+  // Names as ^(?:functions\.)?([\w.]+):(\d+)$ captures them (\w with Unicode letters, as in Python).
   const std::vector<std::pair<std::string, std::string>> cases = {{"functions.get_weather:0", "get_weather"},
                                                                   {"get_weather:3", "get_weather"},
                                                                   {"functions.a.b:12", "a.b"},
-                                                                  {"plain", "plain"},
-                                                                  {"f:x", "f:x"},
-                                                                  {"functions.f", "f"}};
+                                                                  {"functions.你好_1:0", "你好_1"},
+                                                                  {"functions:2", "functions"}};
   for (const auto& [id, name] : cases) {
     const Parsed p =
         parse_chunks(ChatFormat::kKimiLinear, true, false,
@@ -105,6 +105,37 @@ TEST(KimiOutputParser, NamesFromIds) {
     ASSERT_EQ(p.calls.size(), 1u) << id;
     expect_call(p.calls[0], id, name, "{}");
   }
+}
+
+TEST(KimiOutputParser, MalformedCallsAreDropped) {
+  // Ids of another shape (these used to become calls named "plain", "f:x", "f"), a call without its
+  // argument marker, and calls cut off by the next call or by the section's end: no tool call, and
+  // their text does not reach content, like the rest of the section (vLLM's and SGLang's kimi_k2).
+  const std::string good =
+      "<|tool_call_begin|>functions.ok:1<|tool_call_argument_begin|>{\"a\": 1}<|tool_call_end|>";
+  const std::vector<std::string> malformed = {
+      "<|tool_call_begin|>plain<|tool_call_argument_begin|>{}<|tool_call_end|>",
+      "<|tool_call_begin|>f:x<|tool_call_argument_begin|>{}<|tool_call_end|>",
+      "<|tool_call_begin|>functions.f<|tool_call_argument_begin|>{}<|tool_call_end|>",
+      "<|tool_call_begin|>functions.a b:0<|tool_call_argument_begin|>{}<|tool_call_end|>",
+      "<|tool_call_begin|>functions.f:0 {\"a\": 1}<|tool_call_end|>",
+      "<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"a\": ",
+  };
+  for (const std::string& bad : malformed) {
+    for (const std::string& section : {bad + good, good + bad}) {
+      const Parsed p = parse_every_split(
+          ChatFormat::kKimiLinear, true, true,
+          "Checking.<|tool_calls_section_begin|>" + section + "<|tool_calls_section_end|>Done.",
+          kKimiMarkers);
+      EXPECT_EQ(p.content, "Checking.Done.") << section;
+      ASSERT_EQ(p.calls.size(), 1u) << section;
+      expect_call(p.calls[0], "functions.ok:1", "ok", "{\"a\": 1}");
+    }
+  }
+  OutputParser counter(ChatFormat::kKimiLinear, true, false);
+  counter.push("<|tool_calls_section_begin|>" + malformed[0] + "<|tool_calls_section_end|>");
+  counter.finish();
+  EXPECT_EQ(counter.tool_call_count(), 0);
 }
 
 TEST(KimiOutputParser, ReasoningSplit) {
@@ -223,6 +254,25 @@ TEST(K3OutputParser, ResponseOnlyAndWithoutReasoning) {
                                   {"r<|close|>think<|sep|><|open|>tools<|sep|><|open|>call tool=\"f\""});
   EXPECT_TRUE(cut.calls.empty());
   EXPECT_EQ(cut.content, "<|open|>call tool=\"f\"");
+}
+
+TEST(K3OutputParser, MalformedCallsAreDropped) {
+  // A call without a tool name, and one with an argument that has no key: no tool call.
+  const std::string good =
+      "<|open|>call tool=\"ok\" index=\"1\"<|sep|><|open|>argument key=\"a\" type=\"number\"<|sep|>1"
+      "<|close|>argument<|sep|><|close|>call<|sep|>";
+  for (const std::string& bad :
+       {std::string("<|open|>call index=\"1\"<|sep|><|close|>call<|sep|>"),
+        std::string("<|open|>call tool=\"f\"<|sep|><|open|>argument type=\"string\"<|sep|>v<|close|>argument"
+                    "<|sep|><|close|>call<|sep|>")}) {
+    const Parsed p = parse_every_split(
+        ChatFormat::kK3, true, false,
+        "Checking.<|close|>response<|sep|><|open|>tools<|sep|>" + bad + good + "<|close|>tools<|sep|>",
+        kK3Markers);
+    EXPECT_EQ(p.content, "Checking.") << bad;
+    ASSERT_EQ(p.calls.size(), 1u) << bad;
+    expect_call(p.calls[0], "functions.ok:0", "ok", "{\"a\": 1}");
+  }
 }
 
 TEST(K3OutputParser, ParsesWhatTheTemplateRenders) {
