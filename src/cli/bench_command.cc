@@ -144,6 +144,15 @@ int run_bench(const BenchArgs& a) {
       a.kernel_trace.empty() ? a.profile_steps : std::max<int64_t>(a.profile_steps, 1);
   HLM_CHECK(profile_steps < a.steps, "--kernel-trace records one of the decode steps: it needs --steps >= 2");
   check_session_options(a.session);
+  // Without --random-weights bench runs the checkpoint of -m, whole: these would be ignored.
+  HLM_CHECK(a.session.random_weights || a.session.config_path.empty(),
+            "--config {} applies only with --random-weights (without it bench runs the checkpoint of -m "
+            "{}); add --random-weights, or drop --config",
+            a.session.config_path, a.session.model_dir);
+  HLM_CHECK(a.session.random_weights || a.session.num_layers == 0,
+            "--num-layers {} applies only with --random-weights (a checkpoint of -m runs with all its "
+            "layers); add --random-weights and --config, or drop --num-layers",
+            a.session.num_layers);
   SessionOptions so = a.session;
   so.section_timing = a.layer_split;
   const bool synthetic = a.synthetic < 0 ? so.random_weights : a.synthetic != 0;

@@ -9,7 +9,10 @@
 
 #include "base/log.h"
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "cli/session.h"
+#include "parallel/placement.h"
+#include "runtime/sampler.h"
 #include "runtime/scheduler.h"
 #include "server/text_output.h"
 #include "tokenizer/chat_template.h"
@@ -31,13 +34,18 @@ void show(const ParsedDelta& d, ChatMessage& reply) {
   if (!d.reasoning_content.empty()) std::cout << "[" << d.reasoning_content << "]";
   std::cout << d.content;
   for (const ToolCall& c : d.tool_calls) std::cout << "\n(tool call " << c.name << " " << c.arguments << ")";
-  std::cout.flush();
+  check_stdout();
   reply.content += d.content;
   reply.reasoning_content += d.reasoning_content;
   reply.tool_calls.insert(reply.tool_calls.end(), d.tool_calls.begin(), d.tool_calls.end());
 }
 
 int run_chat(const ChatArgs& a) {
+  // Before the model loads and a line is read.
+  check_session_options(a.session);
+  HLM_CHECK(a.max_tokens >= 0 && a.max_tokens <= kMaxSeqLen, "-n/--max-tokens must be in [0, {}] (got {})",
+            kMaxSeqLen, a.max_tokens);
+  validate(a.sampling);
   Session s(a.session, 0);
   if (!s.is_driver()) {
     s.engine().serve();
@@ -100,7 +108,9 @@ CommandRunner add_chat_command(CLI::App& app) {
   cmd->add_option("--top-k", a->sampling.top_k, "Keep the k most likely tokens (0 = all)")
       ->capture_default_str();
   cmd->add_option("--top-p", a->sampling.top_p, "Nucleus sampling threshold")->capture_default_str();
-  cmd->add_option("--seed", a->sampling.seed, "Random seed for sampling")->capture_default_str();
+  cmd->add_option("--seed", a->sampling.seed, "Random seed for sampling")
+      ->check(uint64_validator())
+      ->capture_default_str();
   return [a] { return run_chat(*a); };
 }
 

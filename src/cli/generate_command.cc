@@ -14,6 +14,7 @@
 #include <fmt/ranges.h>
 
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "cli/line_stream.h"
 #include "cli/session.h"
 #include "runtime/generate.h"
@@ -74,10 +75,12 @@ int run_generate(const GenerateArgs& a) {
   go.stop_at_eos = !a.ignore_eos;
   go.on_token = [&](size_t i, int32_t t) { lines.token(i, t); };
   go.on_done = [&](size_t i) { lines.done(i); };
-  go.stop_requested = [] { return g_signal != 0; };
+  // Output that cannot be written ends generation as an interrupt does: every rank stops after the step.
+  go.stop_requested = [] { return g_signal != 0 || !std::cout.good(); };
   const std::vector<Generation> out = generate(s.engine(), prompts, go);
   s.engine().stop();
   lines.finish();
+  check_stdout();
   int failed = 0;
   for (size_t i = 0; i < out.size(); ++i) {
     if (out[i].error.empty()) continue;
@@ -107,7 +110,9 @@ CommandRunner add_generate_command(CLI::App& app) {
   cmd->add_option("--top-k", args->gen.sampling.top_k, "Keep the k most likely tokens (0 = all)")
       ->capture_default_str();
   cmd->add_option("--top-p", args->gen.sampling.top_p, "Nucleus sampling threshold")->capture_default_str();
-  cmd->add_option("--seed", args->gen.sampling.seed, "Random seed for sampling")->capture_default_str();
+  cmd->add_option("--seed", args->gen.sampling.seed, "Random seed for sampling")
+      ->check(uint64_validator())
+      ->capture_default_str();
   cmd->add_option("--prefill-chunk", args->gen.step_tokens, "Tokens per engine step (prefill chunk size)")
       ->capture_default_str();
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the end-of-sequence token");

@@ -1,6 +1,6 @@
 // `helixlm inspect`: what a checkpoint holds, from config.json and the safetensors headers alone (no
 // weight is read): the layer schedule, the dimensions, the exact parameter count and the bytes by
-// category, each tensor checked against the shape the config implies.
+// category, each tensor checked as the loader checks it (shape the config implies, dtype it reads).
 #include <array>
 #include <iostream>
 #include <map>
@@ -51,24 +51,19 @@ void print_schedule(const ModelConfig& c) {
 int run_inspect(const std::string& dir) {
   const ModelConfig cfg = load_model_config(dir + "/config.json");
   const Checkpoint ckpt(dir);
-  std::cout << fmt::format("model: {} ({})\n", dir, cfg.model_type);
-  print_schedule(cfg);
-
+  // Every tensor is checked before anything is printed: a checkpoint the loader refuses gets no report.
   std::array<int64_t, kNumWeightCategories> params{}, bytes{};
   std::set<std::string> used;
   for (const WeightSpec& s : weight_layout(cfg)) {
-    std::string name = s.name;
-    for (const std::string& alt : s.alt_names) {
-      if (!ckpt.has(name) && ckpt.has(alt)) name = alt;
-    }
-    if (!used.insert(name).second) continue;  // kv_b_proj feeds two logical weights
-    const TensorInfo& info = ckpt.info(name);
-    HLM_CHECK(info.shape == s.shape, "tensor '{}' in {}: expected shape {}, found {}", name,
-              ckpt.file_of(name), shape_str(s.shape), shape_str(info.shape));
+    const TensorInfo& info = checked_tensor(ckpt, s, cfg.source);
+    if (!used.insert(info.name).second) continue;  // kv_b_proj feeds two logical weights
     const auto c = static_cast<size_t>(s.category);
     params[c] += stored_parameters(s);
     bytes[c] += static_cast<int64_t>(info.data_end - info.data_begin);
   }
+
+  std::cout << fmt::format("model: {} ({})\n", dir, cfg.model_type);
+  print_schedule(cfg);
   int64_t total_params = 0, total_bytes = 0;
   std::cout << fmt::format("{:<16} {:>16} {:>16}\n", "category", "parameters", "bytes");
   for (int c = 0; c < kNumWeightCategories; ++c) {

@@ -38,6 +38,7 @@ struct LogitsArgs {
 int run_logits(const LogitsArgs& a) {
   std::vector<int32_t> ids = parse_ids(a.ids, "--ids");
   const auto len = static_cast<int64_t>(ids.size());
+  HLM_CHECK(a.prefill_len >= -1, "--prefill-len must be >= 0, or -1 for all the ids (got {})", a.prefill_len);
   const int64_t prefill = a.prefill_len < 0 ? len : a.prefill_len;
   HLM_CHECK(prefill <= len, "--prefill-len {} exceeds the {} ids given", prefill, len);
   HLM_CHECK(a.prefill_chunk >= 0, "--prefill-chunk must be >= 0 (got {})", a.prefill_chunk);
@@ -84,7 +85,8 @@ CommandRunner add_logits_command(CLI::App& app) {
   add_session_options(*cmd, args->session);
   cmd->add_option("--ids", args->ids, "Token ids, comma-separated")->required();
   cmd->add_option("--prefill-len", args->prefill_len,
-                  "Positions fed by prefill; the rest go one token at a time through decode (default: all)");
+                  "Positions fed by prefill; the rest go one token at a time through decode (default, -1: "
+                  "all)");
   cmd->add_option("--prefill-chunk", args->prefill_chunk,
                   "Prefill in chunks of this many tokens (default: one)");
   cmd->add_option("-o,--output", args->output, "Output .npy path")->required();

@@ -1,12 +1,43 @@
 // helixlm: command-line entry point. Parses the subcommand, runs it, and turns any error into a message
 // on stderr and a non-zero exit; under MPI an error on one rank ends every rank.
 #include <iostream>
+#include <string>
+#include <vector>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
 #include "base/log.h"
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "parallel/comm.h"
+
+namespace {
+
+// A command line CLI11 refused, worded like every other helixlm error: what is wrong, naming the word at
+// fault (CLI11 reads an unknown command as a missing one), and where the usage is.
+std::string parse_error_message(const CLI::App& app, const CLI::ParseError& e,
+                                const std::vector<std::string>& commands) {
+  std::string message = e.what();
+  std::string usage = "helixlm --help";
+  const CLI::App* command = nullptr;
+  for (const CLI::App* sub : app.get_subcommands({})) {
+    if (sub->parsed()) command = sub;
+  }
+  if (command != nullptr) {
+    usage = fmt::format("helixlm {} --help", command->get_name());
+  } else if (const std::vector<std::string> rest = app.remaining(); !rest.empty()) {
+    message = rest.front().starts_with("-") ? fmt::format("unknown option '{}'", rest.front())
+                                            : fmt::format("unknown command '{}'", rest.front());
+    message += fmt::format("; the commands are {}", fmt::join(commands, ", "));
+  } else if (e.get_name() == "RequiredError") {
+    message = fmt::format("a command is required: one of {}", fmt::join(commands, ", "));
+  }
+  return fmt::format("helixlm: error: {} (see `{}`)\n", message, usage);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"helixlm: Kimi Linear inference with Helix parallelism"};
@@ -23,7 +54,22 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help (and its kin) print the usage and exit 0 as CLI11 does, unless stdout could not take it;
+    // everything else is a usage error.
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) {
+      app.exit(e);
+      try {
+        hlm::check_stdout();
+      } catch (const hlm::Error& write_error) {
+        std::cerr << fmt::format("helixlm: error: {}\n", write_error.what());
+        return 1;
+      }
+      return 0;
+    }
+    std::vector<std::string> names;
+    for (const auto& command : commands) names.push_back(command.first);
+    std::cerr << parse_error_message(app, e, names);
+    return 1;
   }
 
   int world = 1, rank = 0;
@@ -31,7 +77,10 @@ int main(int argc, char** argv) {
     hlm::mpi_world(&world, &rank);
     hlm::init_logging(log_level, rank, world);
     for (const auto& [name, run] : commands) {
-      if (app.got_subcommand(name)) return run();
+      if (!app.got_subcommand(name)) continue;
+      const int code = run();
+      hlm::check_stdout();  // a result that did not reach stdout is a failure, whatever the command
+      return code;
     }
   } catch (const hlm::Error& e) {
     // One write per line: under mpirun other processes (its abort banner) share this stderr, and a line

@@ -149,11 +149,16 @@ int run_plan(const PlanArgs& a) {
   const std::string model_dir = a.model_dir.empty() ? "" : resolve_model_dir(a.model_dir);
   const std::string config_path = a.config.empty() ? model_dir + "/config.json" : a.config;
   const ModelConfig cfg = load_model_config(config_path);
+  const std::vector<WeightSpec> layout = weight_layout(cfg);
   std::unique_ptr<Checkpoint> ckpt;
-  if (!model_dir.empty()) ckpt = std::make_unique<Checkpoint>(model_dir);
+  if (!model_dir.empty()) {
+    ckpt = std::make_unique<Checkpoint>(model_dir);
+    // The checkpoint must be one the loader accepts, or the plan would approve what cannot run.
+    for (const WeightSpec& s : layout) checked_tensor(*ckpt, s, cfg.source);
+  }
 
   const LayoutRequest& req = a.layout;
-  const int n = req.tp * req.cp;
+  const int64_t n = int64_t{req.tp} * req.cp;  // --tp 46341 --cp 46341 must not wrap
   std::cout << fmt::format("model: {} ({}), {} parameters\n", config_path, cfg.model_type,
                            grouped(parameter_count(cfg)));
   std::vector<std::string> violations = layout_violations(cfg, req);
@@ -175,22 +180,14 @@ int run_plan(const PlanArgs& a) {
       m0.vocab_rows(cfg.vocab_size).size());
 
   const StoredDType dtype_of = [&](const WeightSpec& s) {
-    if (!ckpt) return s.typical_dtype;
-    for (const std::string& name : {s.name}) {
-      if (ckpt->has(name)) return ckpt->info(name).dtype;
-    }
-    for (const std::string& alt : s.alt_names) {
-      if (ckpt->has(alt)) return ckpt->info(alt).dtype;
-    }
-    return ckpt->info(s.name).dtype;  // reports the missing tensor
+    return ckpt ? ckpt->info(stored_name(*ckpt, s)).dtype : s.typical_dtype;
   };
   std::cout << fmt::format("weights per rank ({}):\n",
                            ckpt ? "dtypes as stored in the checkpoint"
                                 : "dtypes of the published checkpoint, as the shard plan records them");
   const Placement placement{req.tokens_per_block, req.cp};
-  const std::vector<WeightSpec> layout = weight_layout(cfg);
   int64_t worst_total = 0;
-  for (int r = 0; r < n; ++r) {
+  for (int r = 0; r < n; ++r) {  // a valid layout's rank count fits int: it divides the head counts
     const Mapping m = Mapping::make(req.tp, req.cp, r, req.moe_ep, req.moe_tp);
     const RankWeightBytes w = rank_weight_bytes(layout, m, dtype_of);
     const StateBytes st = state_bytes(cfg, m, kv_bytes, 2);

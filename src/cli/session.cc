@@ -2,11 +2,13 @@
 
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <thread>
 
 #include "base/host_memory.h"
 #include "base/log.h"
+#include "cli/common.h"
 #include "model/memory_plan.h"
 #include "model/mla_layer.h"
 #include "model/weight_source.h"
@@ -32,10 +34,8 @@ void add_session_options(CLI::App& cmd, SessionOptions& o) {
   cmd.add_option("--max-seq-len", o.max_seq_len,
                  "Tokens per sequence the KV cache is sized for (default: what the command needs)");
   cmd.add_option("--device", o.device, "cpu, cuda, or auto (cuda when a GPU is visible)")
-      ->transform(CLI::CheckedTransformer(
-          std::map<std::string, DeviceChoice>{
-              {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}, {"auto", DeviceChoice::kAuto}},
-          CLI::ignore_case))
+      ->transform(choice_validator(std::vector<std::pair<std::string, DeviceChoice>>{
+          {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}, {"auto", DeviceChoice::kAuto}}))
       ->default_str("auto");
   cmd.add_option("--gpu-memory-fraction", o.gpu_memory_fraction,
                  "Share of the GPU's memory helixlm may use (weights, KV pages, state, scratch)")
@@ -46,11 +46,10 @@ void add_session_options(CLI::App& cmd, SessionOptions& o) {
          "--mla-prefill", o.engine.mla_prefill,
          "MLA form of prefill steps: absorbed (the decode form), expanded (per-head keys; cp = 1 only), "
          "or auto (a cost model picks per sequence)")
-      ->transform(CLI::CheckedTransformer(
-          std::map<std::string, MlaPrefillForm>{{"auto", MlaPrefillForm::kAuto},
-                                                {"absorbed", MlaPrefillForm::kAbsorbed},
-                                                {"expanded", MlaPrefillForm::kExpanded}},
-          CLI::ignore_case))
+      ->transform(choice_validator(
+          std::vector<std::pair<std::string, MlaPrefillForm>>{{"auto", MlaPrefillForm::kAuto},
+                                                              {"absorbed", MlaPrefillForm::kAbsorbed},
+                                                              {"expanded", MlaPrefillForm::kExpanded}}))
       ->default_str("auto");
   cmd.add_option("--comm-timeout", o.comm_timeout,
                  "Seconds a rank waits for its peers in one collective before ending the job")
@@ -83,6 +82,11 @@ std::vector<int32_t> parse_ids(const std::string& text, const char* flag) {
 }
 
 void check_session_options(const SessionOptions& o) {
+  // Before the launch is compared with tp*cp: `--tp 0` must not read as "start with mpirun -np 0".
+  HLM_CHECK(o.tp >= 1 && o.cp >= 1, "--tp and --cp must be at least 1 (got --tp {} --cp {})", o.tp, o.cp);
+  HLM_CHECK(
+      std::isfinite(o.gpu_memory_fraction) && o.gpu_memory_fraction >= 0.05 && o.gpu_memory_fraction <= 1,
+      "--gpu-memory-fraction must be in [0.05, 1] (got {})", o.gpu_memory_fraction);
   HLM_CHECK(o.comm_timeout > 0, "--comm-timeout must be positive (got {})", o.comm_timeout);
   HLM_CHECK(
       o.ll_all_reduce_max_bytes >= 0 && o.ll_all_to_all_max_bytes >= 0,
@@ -110,48 +114,110 @@ int ranks_on_this_host() {
   return 1;
 }
 
-// The option text of what sized the caches, and what to lower, for errors.
-std::string sized_by(const SessionOptions& o, const EngineOptions& eo) {
-  const std::string length = o.max_seq_len > 0 ? "--max-seq-len" : o.length_option;
-  return fmt::format("{} sequences ({}) of {} tokens ({})", eo.max_batch, o.batch_option, eo.max_seq_len,
-                     length);
-}
-std::string remedy(const SessionOptions& o) {
-  return fmt::format("lower {} or {}", o.max_seq_len > 0 ? "--max-seq-len" : o.length_option, o.batch_option);
+// The tokens per sequence the caches are sized for, and where that length comes from, for the errors
+// that refuse the caches: each names what actually sized them and what would shrink them.
+struct SeqLength {
+  int64_t tokens = 0;
+  std::string source;  // "-n", "--max-seq-len", or the rule that set it
+  std::string option;  // the option that shortens it; empty when the warmup set it
+};
+
+SeqLength sequence_length(const SessionOptions& o, int64_t hint) {
+  if (o.max_seq_len > 0) return {o.max_seq_len, "--max-seq-len", "--max-seq-len"};
+  SeqLength len = hint > 0 ? SeqLength{hint, o.length_option, o.length_option}
+                           : SeqLength{4096, "the default length, no --max-seq-len given", "--max-seq-len"};
+  // An explicit --max-seq-len is kept (warmup() refuses to start if it is too small); otherwise the cache
+  // is sized so that the warmup sequence fits.
+  const int64_t warmup = int64_t{o.cp} * o.engine.tokens_per_block + 2;
+  if (o.warmup && warmup > len.tokens) {
+    len = {warmup,
+           fmt::format("the warmup: --cp {} x --tokens-per-block {} + 2", o.cp, o.engine.tokens_per_block),
+           ""};
+  }
+  return len;
 }
 
-// Refuses caches that the host cannot hold, before the weights are read: the caches come last, so
-// without this a too-large request loads everything and then dies in the OOM killer or bad_alloc. The
-// estimate is the caches alone against MemAvailable shared by the ranks of this host; weights and
-// activations need memory too, so passing the check is necessary, not sufficient. (A GPU's caches are
-// planned against its memory once the weights are on it: plan_device_caches.)
-void check_caches_fit_host(const ModelConfig& cfg, const Mapping& mapping, const SessionOptions& o,
-                           const EngineOptions& eo) {
-  const std::string length = o.max_seq_len > 0 ? "--max-seq-len" : o.length_option;
-  HLM_CHECK(eo.max_seq_len <= kMaxSeqLen, "{} asks for sequences of {} tokens; at most {} are supported",
-            length, eo.max_seq_len, kMaxSeqLen);
-  const int64_t seq_pages = Placement{eo.tokens_per_block, mapping.cp}.local_pages(eo.max_seq_len, 0);
+// What sized the caches (for the errors refusing them), and what to lower.
+struct CacheSizing {
+  std::string sized_by;  // "8 sequences (--max-batch) of 4096 tokens (--max-seq-len)"
+  std::string remedy;    // "lower --max-seq-len or --max-batch"
+};
+
+CacheSizing cache_sizing(const SessionOptions& o, int32_t max_batch, const SeqLength& len) {
+  // The warmup's sequence spans two pages whatever the page size: fewer sequences, or no warmup.
+  return {
+      fmt::format("{} sequences ({}) of {} tokens ({})", max_batch, o.batch_option, len.tokens, len.source),
+      len.option.empty() ? fmt::format("lower {} or skip the warmup (--no-warmup)", o.batch_option)
+                         : fmt::format("lower {} or {}", len.option, o.batch_option)};
+}
+
+// This rank's share of the host's memory (MemAvailable, or HLM_HOST_MEMORY_BYTES, split among the ranks on
+// this host), and how messages name it: the one figure the CPU backend's weights and caches are sized by.
+struct HostShare {
+  int64_t bytes = 0;
+  std::string what;
+};
+
+HostShare host_share() {
+  const int local = ranks_on_this_host();
+  return {available_host_memory() / local,
+          local > 1 ? fmt::format("host memory (MemAvailable shared by {} ranks on this host)", local)
+                    : std::string("host memory (MemAvailable)")};
+}
+
+// Checks what sizes the host's caches before anything is loaded: the length within what a sequence may
+// hold and the pages within the int32 page ids. (A GPU's pages come from its memory: plan_device_caches.)
+void check_cache_request(const Mapping& mapping, const EngineOptions& eo, const SeqLength& len,
+                         const CacheSizing& sizing) {
+  HLM_CHECK(len.tokens <= kMaxSeqLen, "{} asks for sequences of {} tokens; at most {} are supported",
+            len.source, len.tokens, kMaxSeqLen);
+  const int64_t seq_pages = Placement{eo.tokens_per_block, mapping.cp}.local_pages(len.tokens, 0);
   HLM_CHECK(seq_pages <= kMaxPagesPerRank / eo.max_batch,
             "the caches for {} need {} x {} MLA pages of {} tokens on this rank, more than the {} page ids "
             "(int32) allow; {}",
-            sized_by(o, eo), eo.max_batch, seq_pages, eo.tokens_per_block, kMaxPagesPerRank, remedy(o));
+            sizing.sized_by, eo.max_batch, seq_pages, eo.tokens_per_block, kMaxPagesPerRank, sizing.remedy);
+}
+
+// Refuses weights and caches that the host cannot hold, before a weight is read: without this a model
+// or request too large for the host loads until the OOM killer or bad_alloc ends it. The weights must fit
+// this rank's share of the host's memory, and the caches what the weights leave of it; activations need
+// memory too, so passing is necessary, not sufficient. (On a GPU the weights are checked against its
+// memory and the caches planned once the weights are on it: plan_device_caches.)
+void check_fits_host(const ModelConfig& cfg, const Mapping& mapping, const SessionOptions& o,
+                     const EngineOptions& eo, const CacheSizing& sizing, int64_t weight_bytes) {
+  const HostShare host = host_share();
+  HLM_CHECK(
+      weight_bytes <= host.bytes,
+      "the weights of this rank need {} of host memory (the CPU backend holds float weights as F32), "
+      "but {} has {} available; use more ranks (--tp/--cp, over several hosts), a GPU (--device cuda){}",
+      human_bytes(weight_bytes), host.what, human_bytes(host.bytes),
+      o.random_weights ? ", or fewer layers (--num-layers)" : ", or a smaller model");
   CacheSize need;
   try {
     // The CPU backend holds the KV cache and the conv window as fp32.
     need = cache_size(cfg, mapping, eo.tokens_per_block, eo.max_batch, eo.max_seq_len, 4, 4);
   } catch (const Error& e) {
-    HLM_FAIL("the caches for {} cannot be sized ({}); {}", sized_by(o, eo), e.what(), remedy(o));
+    HLM_FAIL("the caches for {} cannot be sized ({}); {}", sizing.sized_by, e.what(), sizing.remedy);
   }
-  const int local = ranks_on_this_host();
-  const std::string memory =
-      local > 1 ? fmt::format("host memory (MemAvailable shared by {} ranks on this host)", local)
-                : std::string("host memory (MemAvailable)");
-  check_cache_fits(need, available_host_memory() / local, memory, sized_by(o, eo), remedy(o));
+  const int64_t left = host.bytes - weight_bytes;
+  // KDA state is per sequence whatever its length: when it alone overflows, only fewer sequences help.
+  const int64_t state_per_seq = need.kda_state_bytes / eo.max_batch;
+  const std::string remedy =
+      need.kda_state_bytes > left
+          ? fmt::format(
+                "lower {}: the KDA state of one sequence takes {} whatever its length (set by the {} "
+                "KDA layers of {})",
+                o.batch_option, human_bytes(state_per_seq), cfg.num_kda_layers(), cfg.source)
+          : sizing.remedy;
+  check_cache_fits(need, left,
+                   fmt::format("{} less this rank's weights ({})", host.what, human_bytes(weight_bytes)),
+                   sizing.sized_by, remedy);
 }
 
 // The config of a --random-weights run: --config, optionally cut to its first --num-layers layers.
 ModelConfig random_weights_config(const SessionOptions& o) {
   HLM_CHECK(!o.config_path.empty(), "--random-weights needs --config FILE (a config.json)");
+  HLM_CHECK(o.num_layers >= 0, "--num-layers must be >= 0 (0: all layers), got {}", o.num_layers);
   ModelConfig cfg = load_model_config(o.config_path);
   if (o.num_layers > 0) {
     HLM_CHECK(o.num_layers <= cfg.num_layers, "--num-layers {} exceeds the {} layers of {}", o.num_layers,
@@ -189,14 +255,11 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
   Mapping mapping = Mapping::make(o.tp, o.cp, rank, o.moe_ep, o.moe_tp);
   const Device device = resolve_device(o.device);
   EngineOptions eo = o.engine;
-  eo.max_seq_len = o.max_seq_len > 0 ? o.max_seq_len : (max_seq_len_hint > 0 ? max_seq_len_hint : 4096);
-  if (o.warmup && o.max_seq_len == 0) {
-    // Size the cache so the warmup sequence fits; an explicit --max-seq-len is kept, and warmup()
-    // refuses to start if it is too small.
-    eo.max_seq_len = std::max(eo.max_seq_len, o.cp * eo.tokens_per_block + 2);
-  }
+  const SeqLength length = sequence_length(o, max_seq_len_hint);
+  const CacheSizing sizing = cache_sizing(o, eo.max_batch, length);
+  if (device == Device::kCpu) check_cache_request(mapping, eo, length, sizing);
+  eo.max_seq_len = length.tokens;
   eo.cuda_graphs = o.cuda_graphs && device == Device::kCuda;
-  if (device == Device::kCpu) check_caches_fit_host(config_, mapping, o, eo);
   host_comm_ = world > 1 ? make_mpi_comm(mapping) : make_single_comm();
 
   BackendOptions bo;
@@ -224,7 +287,9 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
     checkpoint_ = std::make_unique<Checkpoint>(model_dir_);
     weights = std::make_unique<WeightReader>(*checkpoint_, config_, mapping, ops_.get());
   }
-  if (device == Device::kCuda) {
+  if (device == Device::kCpu) {
+    check_fits_host(config_, mapping, o, eo, sizing, weights->bytes_to_load());
+  } else {
     // Refuse before reading a byte when the weights alone cannot fit.
     const MemoryInfo mem = ops_->memory_info();
     const int64_t need = weights->bytes_to_load();
@@ -253,7 +318,7 @@ Session::Session(const SessionOptions& o, int64_t max_seq_len_hint) {
     const DeviceCachePlan plan =
         plan_device_caches(config_, mapping, model_->weight_bytes_loaded(), ops_->memory_info(),
                            o.gpu_memory_fraction, eo.tokens_per_block, eo.max_batch, eo.max_seq_len,
-                           step_tokens, logit_rows, sized_by(o, eo), remedy(o));
+                           step_tokens, logit_rows, sizing.sized_by, sizing.remedy);
     log_device_cache_plan(plan);
     ops_->reserve_workspace(plan.workspace_bytes);
     eo.num_pages = plan.pages;
@@ -266,11 +331,8 @@ Session::~Session() = default;
 
 DType Session::stored_dtype(const WeightSpec& spec) const {
   if (checkpoint_ == nullptr) return spec.typical_dtype;
-  if (checkpoint_->has(spec.name)) return checkpoint_->info(spec.name).dtype;
-  for (const std::string& alt : spec.alt_names) {
-    if (checkpoint_->has(alt)) return checkpoint_->info(alt).dtype;
-  }
-  return spec.typical_dtype;
+  const std::string& name = stored_name(*checkpoint_, spec);
+  return checkpoint_->has(name) ? checkpoint_->info(name).dtype : spec.typical_dtype;
 }
 
 }  // namespace hlm

@@ -7,13 +7,17 @@
 #include <iostream>
 #include <iterator>
 #include <memory>
+#include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/json_parse.h"
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "tokenizer/tokenizer.h"
 
 namespace hlm {
@@ -59,13 +63,28 @@ std::string json_text(const std::string& bytes) {
   return nlohmann::json(bytes).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+// One input line as a JSON object; errors say why the line is not one (the parser's reason and byte,
+// or its type), and duplicate keys are refused as in every other JSON helixlm reads.
+nlohmann::json parse_line(const std::string& line, const std::string& where, const TokenizeOptions& opt) {
+  const char* expected = opt.decode ? "{\"ids\": [...]}" : "{\"text\": \"...\"}";
+  nlohmann::json doc;
+  try {
+    doc = parse_json(line, where);
+  } catch (const Error& e) {
+    std::string_view reason = e.what();
+    if (reason.starts_with(where + ": ")) reason.remove_prefix(where.size() + 2);
+    HLM_FAIL("{}: expected a JSON object {}: {}", where, expected, reason);
+  }
+  HLM_CHECK(doc.is_object(), "{}: expected a JSON object {}, got {}", where, expected, doc.type_name());
+  return doc;
+}
+
 void run_jsonl(const Tokenizer& tok, const TokenizeOptions& opt) {
   std::string line;
-  for (size_t line_no = 1; std::getline(std::cin, line); ++line_no) {
+  // Stops at the first line that cannot be written; run_tokenize reports it.
+  for (size_t line_no = 1; std::cout.good() && std::getline(std::cin, line); ++line_no) {
     const std::string where = fmt::format("stdin line {}", line_no);
-    const nlohmann::json doc = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    HLM_CHECK(!doc.is_discarded() && doc.is_object(), "{}: expected a JSON object {}", where,
-              opt.decode ? "{\"ids\": [...]}" : "{\"text\": \"...\"}");
+    const nlohmann::json doc = parse_line(line, where, opt);
     if (opt.decode) {
       const auto ids = doc.find("ids");
       HLM_CHECK(ids != doc.end() && ids->is_array(), "{}: field 'ids' must be an array of token ids", where);
@@ -101,8 +120,7 @@ int run_tokenize(const TokenizeOptions& opt) {
       std::cout << fmt::format("{}\n", fmt::join(tok.encode(input, opt.allow_special), ","));
     }
   }
-  std::cout.flush();
-  HLM_CHECK(std::cout.good(), "cannot write to stdout");
+  check_stdout();
   return 0;
 }
 

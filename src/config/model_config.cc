@@ -142,6 +142,23 @@ std::optional<int64_t> opt_positive(const Fields& f, std::string_view key) {
   return v;
 }
 
+// A size within `limit`, one of model_config.h's bounds; `name` is the field as the user spelled it.
+int64_t check_at_most(const Fields& f, const std::string& name, int64_t v, int64_t limit) {
+  HLM_CHECK(v <= limit, "{}: `{}` = {} exceeds {}, the most helixlm supports (far above any released model)",
+            f.source(), name, v, limit);
+  return v;
+}
+
+int64_t req_size(const Fields& f, std::string_view key, std::string_view needed_for, int64_t limit) {
+  return check_at_most(f, f.get(key).name, req_positive(f, key, needed_for), limit);
+}
+
+std::optional<int64_t> opt_size(const Fields& f, std::string_view key, int64_t limit) {
+  std::optional<int64_t> v = opt_positive(f, key);
+  if (v) check_at_most(f, f.get(key).name, *v, limit);
+  return v;
+}
+
 double req_positive_number(const Fields& f, std::string_view key, std::string_view needed_for) {
   Field field = f.get(key);
   if (field.value == nullptr) fail_missing(f, key, needed_for);
@@ -327,7 +344,8 @@ std::vector<FfnKind> read_ffn_schedule(const Fields& f, int64_t num_layers) {
 
 // A KDA dimension given nested (linear_attn_config.<nested>) and/or flat (<flat>); both must agree.
 // 0 stands for "absent": a present value is positive.
-int64_t read_kda_dim(const Fields& f, const Fields* lac, std::string_view nested, std::string_view flat) {
+int64_t read_kda_dim(const Fields& f, const Fields* lac, std::string_view nested, std::string_view flat,
+                     int64_t limit) {
   const int64_t a = lac ? opt_positive(*lac, nested).value_or(0) : 0;
   const int64_t b = opt_positive(f, flat).value_or(0);
   const std::string nested_name = f.path(fmt::format("linear_attn_config.{}", nested));
@@ -336,23 +354,24 @@ int64_t read_kda_dim(const Fields& f, const Fields* lac, std::string_view nested
   HLM_CHECK(a == 0 || b == 0 || a == b,
             "{}: `{}` = {} and `{}` = {} disagree; give one, or the same value in both", f.source(),
             nested_name, a, f.path(flat), b);
-  return a > 0 ? a : b;
+  return a > 0 ? check_at_most(f, nested_name, a, limit) : check_at_most(f, f.get(flat).name, b, limit);
 }
 
 void read_kda(const Fields& f, const Fields* lac, ModelConfig& cfg) {
-  cfg.kda_heads = read_kda_dim(f, lac, "num_heads", "linear_num_heads");
-  cfg.kda_head_dim = read_kda_dim(f, lac, "head_dim", "linear_head_dim");
-  cfg.kda_conv_kernel = read_kda_dim(f, lac, "short_conv_kernel_size", "linear_conv_kernel_dim");
+  cfg.kda_heads = read_kda_dim(f, lac, "num_heads", "linear_num_heads", kMaxHeads);
+  cfg.kda_head_dim = read_kda_dim(f, lac, "head_dim", "linear_head_dim", kMaxHeadDim);
+  cfg.kda_conv_kernel =
+      read_kda_dim(f, lac, "short_conv_kernel_size", "linear_conv_kernel_dim", kMaxConvKernel);
 }
 
 void read_mla(const Fields& f, ModelConfig& cfg) {
   constexpr std::string_view why = "for the MLA layers";
-  cfg.mla_heads = req_positive(f, "num_attention_heads", why);
-  cfg.q_lora_rank = opt_positive(f, "q_lora_rank").value_or(0);  // null or absent: plain q_proj
-  cfg.kv_lora_rank = req_positive(f, "kv_lora_rank", why);
-  cfg.qk_nope_head_dim = req_positive(f, "qk_nope_head_dim", why);
-  cfg.qk_rope_head_dim = req_positive(f, "qk_rope_head_dim", why);
-  cfg.v_head_dim = req_positive(f, "v_head_dim", why);
+  cfg.mla_heads = req_size(f, "num_attention_heads", why, kMaxHeads);
+  cfg.q_lora_rank = opt_size(f, "q_lora_rank", kMaxHiddenSize).value_or(0);  // null or absent: plain q_proj
+  cfg.kv_lora_rank = req_size(f, "kv_lora_rank", why, kMaxHiddenSize);
+  cfg.qk_nope_head_dim = req_size(f, "qk_nope_head_dim", why, kMaxHeadDim);
+  cfg.qk_rope_head_dim = req_size(f, "qk_rope_head_dim", why, kMaxHeadDim);
+  cfg.v_head_dim = req_size(f, "v_head_dim", why, kMaxHeadDim);
   // MLA shares one latent among all heads; a separate KV head count would describe another architecture.
   std::optional<int64_t> kv_heads = opt_int(f, "num_key_value_heads");
   HLM_CHECK(
@@ -364,12 +383,21 @@ void read_mla(const Fields& f, ModelConfig& cfg) {
 
 void read_moe(const Fields& f, ModelConfig& cfg) {
   constexpr std::string_view why = "for the MoE layers";
-  cfg.num_experts = req_positive(f, "num_experts", why);
+  cfg.num_experts = req_size(f, "num_experts", why, kMaxExperts);
+  const std::string experts_name = f.get("num_experts").name;
+  HLM_CHECK(cfg.num_experts * cfg.num_moe_layers() <= kMaxRoutedExperts,
+            "{}: `{}` = {} routed experts in each of {} MoE layers make {}, more than the {} helixlm "
+            "supports in one model (far above any released model); valid: num_experts <= {} with this "
+            "schedule",
+            f.source(), experts_name, cfg.num_experts, cfg.num_moe_layers(),
+            cfg.num_experts * cfg.num_moe_layers(), kMaxRoutedExperts,
+            kMaxRoutedExperts / cfg.num_moe_layers());
   cfg.experts_per_token = req_positive(f, "num_experts_per_token", why);
-  cfg.moe_intermediate_size = req_positive(f, "moe_intermediate_size", why);
+  cfg.moe_intermediate_size = req_size(f, "moe_intermediate_size", why, kMaxMoeIntermediateSize);
   cfg.num_shared_experts = req_int(f, "num_shared_experts", why);
   HLM_CHECK(cfg.num_shared_experts >= 0, "{}: `{}` must be >= 0, got {}", f.source(),
             f.get("num_shared_experts").name, cfg.num_shared_experts);
+  check_at_most(f, f.get("num_shared_experts").name, cfg.num_shared_experts, kMaxSharedExperts);
   cfg.routed_scaling_factor = req_positive_number(f, "routed_scaling_factor", why);
   cfg.moe_renormalize = opt_bool(f, "moe_renormalize").value_or(true);
   cfg.num_expert_group = opt_positive(f, "num_expert_group").value_or(1);
@@ -405,10 +433,11 @@ void read_moe(const Fields& f, ModelConfig& cfg) {
 
 void read_dense(const Fields& f, ModelConfig& cfg) {
   // Newer transformers size the dense MLP by `dense_ffn_hidden`, falling back to intermediate_size.
-  if (std::optional<int64_t> hidden = opt_positive(f, "dense_ffn_hidden")) {
+  if (std::optional<int64_t> hidden = opt_size(f, "dense_ffn_hidden", kMaxIntermediateSize)) {
     cfg.intermediate_size = *hidden;
   } else {
-    cfg.intermediate_size = req_positive(f, "intermediate_size", "for the dense FFN layers");
+    cfg.intermediate_size =
+        req_size(f, "intermediate_size", "for the dense FFN layers", kMaxIntermediateSize);
   }
 }
 
@@ -516,7 +545,7 @@ void read_k3(const Fields& f, const Fields* lac, ModelConfig& cfg) {
     cfg.situ_linear_beta = req_positive_number(f, "activation_situ_linear_beta", "for hidden_act \"situ\"");
   }
   if (cfg.num_moe_layers() > 0) {
-    cfg.moe_latent_size = opt_positive(f, "routed_expert_hidden_size").value_or(0);
+    cfg.moe_latent_size = opt_size(f, "routed_expert_hidden_size", kMaxHiddenSize).value_or(0);
     cfg.moe_latent_norm = cfg.moe_latent_size > 0 && opt_bool(f, "latent_moe_use_norm").value_or(false);
     cfg.mxfp4_experts = read_k3_quantization(f);
     if (cfg.mxfp4_experts) {
@@ -603,9 +632,10 @@ ModelConfig parse_model_config(const json& doc, const std::string& source) {
   std::optional<Fields> lac;
   if (lac_obj) lac.emplace(*lac_obj, cfg.source, f.path("linear_attn_config."));
 
-  cfg.vocab_size = req_positive(f, "vocab_size", "");
-  cfg.hidden_size = req_positive(f, "hidden_size", "");
-  cfg.num_layers = req_positive(f, "num_hidden_layers", "");
+  // Bounded before anything is sized from them: the layer lists are read one entry per layer.
+  cfg.vocab_size = req_size(f, "vocab_size", "", kMaxVocabSize);
+  cfg.hidden_size = req_size(f, "hidden_size", "", kMaxHiddenSize);
+  cfg.num_layers = req_size(f, "num_hidden_layers", "", kMaxLayers);
   cfg.rms_norm_eps =
       req_positive_number(f, "rms_norm_eps", "(defaults differ: 1e-6 Moonshot, 1e-5 transformers)");
   cfg.hidden_act = read_activation(f, is_k3);

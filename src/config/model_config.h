@@ -16,6 +16,25 @@ enum class AttnKind { kKda, kMla };
 enum class FfnKind { kDense, kMoe };
 enum class Activation { kSilu, kSitu };
 
+// Upper bounds on the sizes a config.json may give, checked when it is parsed. Each sits far above any
+// released model (Kimi K3 in brackets) and low enough that every size the config alone implies (a
+// tensor's elements, the whole model's parameters and its bytes in F32, the MLA cache per token, the KDA
+// state per sequence) stays below 2^60, well inside int64, and that the weight layout, one entry per
+// checkpoint tensor, stays a few million entries long.
+inline constexpr int64_t kMaxVocabSize = int64_t{1} << 24;   // 16,777,216 (163,840)
+inline constexpr int64_t kMaxHiddenSize = int64_t{1} << 17;  // 131,072 (7,168); also the LoRA ranks
+inline constexpr int64_t kMaxLayers = 4096;                  // (93)
+inline constexpr int64_t kMaxHeads = 4096;                   // KDA and MLA heads (96)
+inline constexpr int64_t kMaxHeadDim = 4096;                 // KDA head_dim, MLA qk_nope/qk_rope/v (128)
+inline constexpr int64_t kMaxConvKernel = 256;               // KDA short convolution (4)
+inline constexpr int64_t kMaxIntermediateSize = int64_t{1} << 20;     // dense MLP, 1,048,576 (33,792)
+inline constexpr int64_t kMaxMoeIntermediateSize = int64_t{1} << 18;  // one expert, 262,144 (3,072)
+inline constexpr int64_t kMaxExperts = int64_t{1} << 16;              // per MoE layer, 65,536 (896)
+inline constexpr int64_t kMaxSharedExperts = 64;                      // (2)
+// Routed experts summed over the MoE layers, 524,288 (896 x 92 = 82,432): the layout holds three
+// matrices (six tensors with MXFP4) for each.
+inline constexpr int64_t kMaxRoutedExperts = int64_t{1} << 19;
+
 // Fields of a component that no layer uses keep their initializers (0 for dims and counts: e.g. the KDA
 // dims when every layer is MLA): the parser reads and requires them only when the schedule needs them.
 struct ModelConfig {

@@ -1,6 +1,7 @@
 #include "model/weight_layout.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "base/error.h"
 
@@ -306,6 +307,39 @@ Shape box_shape(const WeightSpec& spec, const TensorBox& box) {
   Shape shape = box.view.empty() ? spec.shape : box.view;
   for (size_t d = 0; d < box.ranges.size(); ++d) shape[d] = box.ranges[d].second - box.ranges[d].first;
   return shape;
+}
+
+const std::string& stored_name(const Checkpoint& ckpt, const WeightSpec& spec) {
+  if (ckpt.has(spec.name)) return spec.name;
+  for (const std::string& alt : spec.alt_names) {
+    if (ckpt.has(alt)) return alt;
+  }
+  if (spec.alt_names.empty()) return spec.name;
+  HLM_FAIL("checkpoint {} has no tensor '{}' (also looked for {})", ckpt.dir(), spec.name,
+           fmt::join(spec.alt_names, ", "));
+}
+
+const TensorInfo& checked_tensor(const Checkpoint& ckpt, const WeightSpec& spec,
+                                 const std::string& cfg_source) {
+  const std::string& name = stored_name(ckpt, spec);
+  const TensorInfo& info = ckpt.info(name);
+  HLM_CHECK(info.shape == spec.shape, "tensor '{}' in {}: expected shape {} for this config ({}), found {}",
+            name, ckpt.file_of(name), shape_str(spec.shape), cfg_source, shape_str(info.shape));
+  // Integer data of the right byte size would otherwise load as garbage floats, or reach an op that
+  // names no tensor; MXFP4 codes and scales are bytes, everything else is a float weight.
+  if (spec.storage == WeightSpec::Storage::kPlain) {
+    HLM_CHECK(info.dtype == DType::kF32 || info.dtype == DType::kF16 || info.dtype == DType::kBF16,
+              "tensor '{}' in {}: stored as {}, but it is a float weight; valid: F32, F16 or BF16", name,
+              ckpt.file_of(name), dtype_name(info.dtype));
+  } else {
+    HLM_CHECK(
+        info.dtype == DType::kU8,
+        "tensor '{}' in {}: stored as {}, but it holds MXFP4 expert {} (the quantization_config of {}); "
+        "valid: U8",
+        name, ckpt.file_of(name), dtype_name(info.dtype),
+        spec.storage == WeightSpec::Storage::kMxfp4Codes ? "codes" : "scales", cfg_source);
+  }
+  return info;
 }
 
 int64_t stored_parameters(const WeightSpec& spec) {

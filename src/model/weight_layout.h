@@ -77,4 +77,16 @@ Shape box_shape(const WeightSpec& spec, const TensorBox& box);
 // Model parameters a stored tensor of `spec` holds (its elements, unpacked for MXFP4 codes).
 int64_t stored_parameters(const WeightSpec& spec);
 
+// The name `spec`'s tensor has in `ckpt`: its own, or the first of its aliases present. When none is
+// present: its own name if it has no aliases (a lookup then reports it missing), else an error naming
+// every name looked for.
+const std::string& stored_name(const Checkpoint& ckpt, const WeightSpec& spec);
+
+// The header of `spec`'s tensor in `ckpt`, checked against the spec: the shape the config (`cfg_source`,
+// for messages) implies, and a dtype the loader reads for it (F32, F16 or BF16 for a float weight, U8 for
+// MXFP4 codes and scales). Errors name the tensor, its file and what would be valid. The loader, `inspect`
+// and `plan -m` check a checkpoint with it before reading any weight.
+const TensorInfo& checked_tensor(const Checkpoint& ckpt, const WeightSpec& spec,
+                                 const std::string& cfg_source);
+
 }  // namespace hlm

@@ -113,42 +113,26 @@ int64_t WeightSource::bytes_to_load() const {
 WeightReader::WeightReader(const Checkpoint& ckpt, const ModelConfig& cfg, const Mapping& mapping, Ops* ops)
     : WeightSource(cfg, mapping, ops), ckpt_(ckpt) {
   std::set<std::string> used;
-  for (const auto& [key, s] : specs_) {
-    const std::string& name = stored_name(s);
-    used.insert(name);
-    const TensorInfo& info = ckpt_.info(name);
-    HLM_CHECK(info.shape == s.shape, "tensor '{}' in {}: expected shape {} for this config ({}), found {}",
-              name, ckpt_.file_of(name), shape_str(s.shape), cfg.source, shape_str(info.shape));
-  }
+  for (const auto& [key, s] : specs_) used.insert(checked_tensor(ckpt_, s, cfg.source).name);
   if (mapping.rank == 0) warn_unused(ckpt_, cfg, used);  // once, not once per rank
 }
 
-const std::string& WeightReader::stored_name(const WeightSpec& spec) const {
-  if (ckpt_.has(spec.name)) return spec.name;
-  for (const std::string& alt : spec.alt_names) {
-    if (ckpt_.has(alt)) return alt;
-  }
-  if (spec.alt_names.empty()) return spec.name;  // info() reports the missing tensor
-  HLM_FAIL("checkpoint {} has no tensor '{}' (also looked for {})", ckpt_.dir(), spec.name,
-           fmt::join(spec.alt_names, ", "));
-}
-
 DType WeightReader::stored_dtype(const std::string& key) const {
-  return ckpt_.info(stored_name(spec(key))).dtype;
+  return ckpt_.info(stored_name(ckpt_, spec(key))).dtype;
 }
 
 Tensor WeightReader::read(const std::string& key) {
   const WeightSpec& s = spec(key);
-  return ckpt_.read_f32(stored_name(s), s.shape, box(key));
+  return ckpt_.read_f32(stored_name(ckpt_, s), s.shape, box(key));
 }
 
 Tensor WeightReader::read_raw(const std::string& key) {
   const WeightSpec& s = spec(key);
-  return ckpt_.read_raw(stored_name(s), s.shape, box(key));
+  return ckpt_.read_raw(stored_name(ckpt_, s), s.shape, box(key));
 }
 
 void WeightReader::fill(const WeightSpec& spec, const TensorBox& box, Tensor& dst) {
-  const Tensor host = ckpt_.read_raw(stored_name(spec), spec.shape, box);
+  const Tensor host = ckpt_.read_raw(stored_name(ckpt_, spec), spec.shape, box);
   ops().upload_into(host, dst);
 }
 

@@ -60,8 +60,9 @@ class WeightSource {
 
 class WeightReader final : public WeightSource {
  public:
-  // Checks that every tensor of the layout is present with its expected shape (header only) before any
-  // byte is read, so a wrong checkpoint fails fast with the tensor, file and expected shape.
+  // Checks that every tensor of the layout is present with its expected shape and a dtype the loader
+  // reads for it (checked_tensor: header only) before any byte is read, so a wrong checkpoint fails fast
+  // with the tensor, file and what would be valid.
   WeightReader(const Checkpoint& ckpt, const ModelConfig& cfg, const Mapping& mapping, Ops* ops = nullptr);
 
   DType stored_dtype(const std::string& key) const override;
@@ -76,9 +77,6 @@ class WeightReader final : public WeightSource {
   void fill(const WeightSpec& spec, const TensorBox& box, Tensor& dst) override;
 
  private:
-  // The stored name of the spec's tensor in this checkpoint (the name or one of its aliases).
-  const std::string& stored_name(const WeightSpec& spec) const;
-
   const Checkpoint& ckpt_;
 };
 

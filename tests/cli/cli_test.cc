@@ -84,6 +84,18 @@ std::string edited_model(const std::string& name,
   return dir;
 }
 
+// A copy of the tiny model under the scratch directory whose config.json `edit` changes.
+std::string edited_config(const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
+  const std::string dir = kScratch + "/" + name;
+  std::filesystem::create_directories(dir);
+  nlohmann::json cfg = nlohmann::json::parse(slurp(kTiny + "/config.json"));
+  edit(cfg);
+  std::ofstream(dir + "/config.json") << cfg.dump();
+  std::filesystem::copy_file(kTiny + "/model.safetensors", dir + "/model.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  return dir;
+}
+
 // Sets every bf16 value of `tensor` to the bit pattern `bits`.
 void fill_bf16(nlohmann::json& header, std::vector<char>& data, const std::string& tensor, uint16_t bits) {
   const auto offsets = header[tensor]["data_offsets"].get<std::vector<size_t>>();
@@ -374,8 +386,12 @@ TEST(Cli, OversizedRequestsFailFastNamingTheOption) {
       {gen + "-n 4 --max-batch 1 --tokens-per-block 115292150460684698 --no-warmup",
        "--tokens-per-block must be in [1, 65536]"},
       {gen + "-n 1000000000", "of 1000000003 tokens (-n) need 1192.09 GiB on this rank"},
+      // The warmup's sequence (--cp 1 x --tokens-per-block 64 + 2), not -n, sized these caches: the
+      // remedy used to say "lower -n" (CLI QA, defect 10).
       {gen + "--max-batch 2147483647",
-       "more than the 2147483647 page ids (int32) allow; lower -n or --max-batch"},
+       "the caches for 2147483647 sequences (--max-batch) of 66 tokens (the warmup: --cp 1 x "
+       "--tokens-per-block 64 + 2) need 2147483647 x 2 MLA pages of 64 tokens on this rank, more than the "
+       "2147483647 page ids (int32) allow; lower --max-batch or skip the warmup (--no-warmup)"},
       {gen + "--max-seq-len 1099511627776", "--max-seq-len must be in [1, 2147483647]"},
       {gen + "--max-seq-len 2000000000", "lower --max-seq-len or --max-batch"},
       {gen + "--tp 65536 --cp 65536", "--tp 65536 x --cp 65536 = 4294967296"},
@@ -622,6 +638,215 @@ TEST(Cli, WaitingRanksIdleAndNameTheStoppedDriver) {
   EXPECT_NE(err.find("helixlm: rank 1: error: rank 0 did not answer within --comm-timeout 6 s"),
             std::string::npos)
       << err;
+}
+
+// Regression (CLI QA, defect 1): config sizes had no upper bound, so a config alone made inspect, plan,
+// generate and bench allocate until the OOM killer, or overflow int64 ("negative dimension in shape").
+// Every command now refuses it at once, naming the file, the field, its value and the limit.
+TEST(Cli, ConfigSizesBeyondTheirLimitsFailEveryCommand) {
+  struct Huge {
+    std::string name;
+    std::function<void(nlohmann::json&)> edit;
+    std::string message;
+  };
+  const std::vector<Huge> cases = {
+      {"experts", [](nlohmann::json& c) { c["num_experts"] = int64_t{1} << 40; },
+       "`num_experts` = 1099511627776 exceeds 65536, the most helixlm supports"},
+      {"intermediate", [](nlohmann::json& c) { c["intermediate_size"] = int64_t{1} << 62; },
+       "`intermediate_size` = 4611686018427387904 exceeds 1048576"},
+      {"conv", [](nlohmann::json& c) { c["linear_conv_kernel_dim"] = 1000000000; },
+       "`linear_conv_kernel_dim` = 1000000000 exceeds 256"},
+      {"vocab", [](nlohmann::json& c) { c["vocab_size"] = int64_t{1} << 34; },
+       "`vocab_size` = 17179869184 exceeds 16777216"},
+      {"hidden", [](nlohmann::json& c) { c["hidden_size"] = int64_t{1} << 62; },
+       "`hidden_size` = 4611686018427387904 exceeds 131072"},
+      {"layers",
+       [](nlohmann::json& c) {
+         c["num_hidden_layers"] = 5000;
+         c["layer_types"] = std::vector<std::string>(5000, "linear_attention");
+         c["mlp_layer_types"] = std::vector<std::string>(5000, "dense");
+       },
+       "`num_hidden_layers` = 5000 exceeds 4096"},
+  };
+  for (const Huge& c : cases) {
+    const std::string dir = edited_config("huge-" + c.name, c.edit);
+    for (const std::string& cmd :
+         {"inspect -m " + dir, "plan -m " + dir, "plan --config " + dir + "/config.json",
+          "generate -m " + dir + " --prompt-ids 1",
+          "bench --random-weights --config " + dir + "/config.json --device cpu --context 16 --steps 2"}) {
+      const Result r = run(kBin + " " + cmd, 60);
+      EXPECT_EQ(r.code, 1) << cmd << "\n" << r.err;
+      EXPECT_NE(r.err.find("helixlm: error: " + dir + "/config.json: " + c.message), std::string::npos)
+          << cmd << "\n"
+          << r.err;
+      EXPECT_EQ(r.out, "") << cmd;
+    }
+  }
+}
+
+// Regression (CLI QA, defect 2): a weight stored as integers of the right byte size loaded, inspect
+// called the checkpoint fine, and the first step failed in an op naming no tensor. Every command that
+// reads the checkpoint now refuses it from the header, naming the tensor, its file and the valid dtypes.
+TEST(Cli, WeightsOfTheWrongDtypeAreRefusedBeforeLoading) {
+  for (const std::string tensor :
+       {"model.layers.1.block_sparse_moe.gate.weight", "model.layers.1.self_attn.dt_bias"}) {
+    const std::string dir = edited_model("i32-" + tensor, [&](nlohmann::json& h, std::vector<char>&) {
+      h[tensor]["dtype"] = "I32";  // the same byte size as its F32
+    });
+    const std::string message = "tensor '" + tensor + "' in " + dir +
+                                "/model.safetensors: stored as I32, but it is a float weight; valid: F32, "
+                                "F16 or BF16";
+    for (const std::string& cmd :
+         {"inspect -m " + dir, "plan -m " + dir, "generate -m " + dir + " --prompt-ids 5,17 -n 2"}) {
+      const Result r = run(kBin + " " + cmd, 60);
+      EXPECT_EQ(r.code, 1) << cmd << "\n" << r.err;
+      EXPECT_NE(r.err.find("helixlm: error: " + message), std::string::npos) << cmd << "\n" << r.err;
+      EXPECT_EQ(r.out, "") << cmd;
+    }
+  }
+}
+
+// Regression (CLI QA, defect 6): plan -m approved a checkpoint whose tensors do not match its config,
+// which inspect and the loader refuse; it now checks the headers as the loader does.
+TEST(Cli, PlanOfACheckpointChecksItsTensorsAsTheLoaderDoes) {
+  const std::string dir = edited_config("vocab-1000", [](nlohmann::json& c) { c["vocab_size"] = 1000; });
+  const Result r = run(fmt::format("{} plan -m {}", kBin, dir), 60);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.err.find("tensor 'model.embed_tokens.weight' in " + dir +
+                       "/model.safetensors: expected shape [1000, 64] for this config (" + dir +
+                       "/config.json), found [512, 64]"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out, "");
+}
+
+// Regression (CLI QA, defects 3 and 10): on the CPU nothing checked that the weights fit the host (the 48B
+// config went for the OOM killer), and a refusal of the caches told to lower -n when the warmup or the
+// model had sized them. Both now fail before loading, naming the sizes and what sized them.
+TEST(Cli, HostMemoryRefusalsNameWhatSizedThem) {
+  const std::string b48 = kFixtures + "/configs/kimi-linear-48b-a3b.json";
+  const std::string gen = "generate -m " + kTiny + " --prompt-ids 5,17,300 -n 4 ";
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"8000000000 bench --random-weights --config " + b48 + " --device cpu --context 16 --steps 2",
+       {"the weights of this rank need 183.0 GiB of host memory (the CPU backend holds float weights as "
+        "F32), "
+        "but host memory (MemAvailable) has 7.5 GiB available; use more ranks (--tp/--cp, over several "
+        "hosts), a GPU (--device cuda), or fewer layers (--num-layers)"}},
+      {"1000000 " + gen,
+       {"the weights of this rank need 2.1 MiB of host memory", "has 976.6 KiB available",
+        "a smaller model"}},
+      {"1000000000 " + gen + "--tokens-per-block 65536 --max-batch 2000",
+       {"the caches for 2000 sequences (--max-batch) of 65538 tokens (the warmup: --cp 1 x "
+        "--tokens-per-block "
+        "65536 + 2) need",
+        "but host memory (MemAvailable) less this rank's weights (2.1 MiB) has 0.93 GiB available; lower "
+        "--max-batch or skip the warmup (--no-warmup)"}},
+      {"3000000 " + gen + "--max-batch 200",
+       {"lower --max-batch: the KDA state of one sequence takes",
+        "whatever its length (set by the 3 KDA layers of " + kTiny + "/config.json)"}},
+      {"1000000000 chat -m " + kTiny + " --max-batch 2000 </dev/null",
+       {"the caches for 2000 sequences (--max-batch) of 4096 tokens (the default length, no --max-seq-len "
+        "given) need",
+        "; lower --max-seq-len or --max-batch"}},
+  };
+  for (const auto& [args, messages] : cases) {
+    const Result r = run("env HLM_HOST_MEMORY_BYTES=" + args.substr(0, args.find(' ')) + " " + kBin + " " +
+                             args.substr(args.find(' ') + 1),
+                         120);
+    EXPECT_EQ(r.code, 1) << args << "\n" << r.err;
+    for (const std::string& m : messages)
+      EXPECT_NE(r.err.find(m), std::string::npos) << args << "\n" << r.err;
+  }
+}
+
+// Regression (CLI QA, defect 4): generate, inspect, plan, bench and chat exited 0 when stdout could not
+// be written. Every command now fails naming it; generate stops at the first failed write instead of
+// generating on (a -n that would run for minutes ends at once).
+TEST(Cli, UnwritableStdoutIsAnErrorForEveryCommand) {
+  const std::vector<std::string> commands = {
+      "generate -m " + kTiny + " --prompt-ids 5,17,300 -n 100000 --ignore-eos",
+      "inspect -m " + kTiny,
+      "plan --config " + kTiny + "/config.json",
+      "bench -m " + kTiny + " --device cpu --context 16 --steps 2 --repeats 1",
+      "tokenize --tokenizer " + kTiny,
+      "tokenize --jsonl --tokenizer " + kTiny,
+      "chat -m " + kTiny + " -n 4",
+      "--help",
+  };
+  for (const std::string& cmd : commands) {
+    const Result r = run_script(
+        fmt::format("echo '{{\"text\": \"hi\"}}' | {} --log-level warn {} >/dev/full", kBin, cmd), 60);
+    EXPECT_EQ(r.code, 1) << cmd << "\n" << r.err;
+    EXPECT_NE(r.err.find("helixlm: error: cannot write to stdout"), std::string::npos) << cmd << "\n"
+                                                                                       << r.err;
+  }
+}
+
+// Regression (CLI QA, defects 5, 7, 8, 9 and 11): options that were ignored, accepted out of range,
+// checked only after loading, or refused in CLI11's words without naming the word at fault.
+TEST(Cli, CommandLineMistakesNameTheOption) {
+  const std::string gen = "generate -m " + kTiny + " --prompt-ids 5 ";
+  const std::string cfg = kTiny + "/config.json";
+  const std::vector<ErrorCase> cases = {
+      {"bench -m " + kTiny + " --config " + cfg,
+       "--config " + cfg +
+           " applies only with --random-weights (without it bench runs the checkpoint of -m " + kTiny +
+           "); add --random-weights, or drop --config"},
+      {"bench -m " + kTiny + " --num-layers 2", "--num-layers 2 applies only with --random-weights"},
+      {"bench --random-weights --config " + cfg + " --num-layers -1 --device cpu",
+       "--num-layers must be >= 0 (0: all layers), got -1"},
+      {gen + "--tp 0", "--tp and --cp must be at least 1 (got --tp 0 --cp 1)"},
+      {gen + "--cp -1", "--tp and --cp must be at least 1 (got --tp 1 --cp -1)"},
+      {"chat -m " + kTiny + " -n -1 </dev/null", "-n/--max-tokens must be in [0, 2147483647] (got -1)"},
+      {"chat -m " + kTiny + " --top-p 0 </dev/null", "--top-p must be in (0, 1]"},
+      {"bogus", "unknown command 'bogus'; the commands are generate, logits, inspect, plan, bench"},
+      {"--bogus", "unknown option '--bogus'; the commands are generate"},
+      {"", "a command is required: one of generate, logits"},
+      {gen + "--bogus", "The following argument was not expected: --bogus (see `helixlm generate --help`)"},
+      {gen + "--device gpu", "--device: 'gpu' is not one of cpu, cuda, auto (see `helixlm generate --help`)"},
+      {gen + "--seed -1", "--seed: '-1' is not an integer in [0, 18446744073709551615]"},
+      {gen + "--seed 18446744073709551616", "--seed: '18446744073709551616' is not an integer in [0, "},
+      {gen + "--gpu-memory-fraction nan", "--gpu-memory-fraction must be in [0.05, 1] (got nan)"},
+      {"logits -m " + kTiny + " --ids 1,2 --prefill-len -5 -o " + kScratch + "/x.npy",
+       "--prefill-len must be >= 0, or -1 for all the ids (got -5)"},
+  };
+  for (const ErrorCase& c : cases) {
+    const Result r = run(kBin + " " + c.args, 60);
+    EXPECT_EQ(r.code, 1) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find("helixlm: error: " + c.message), std::string::npos) << c.args << "\n" << r.err;
+    EXPECT_EQ(r.out, "") << c.args;
+  }
+  Result r = run(kBin + " --help", 60);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("generate"), std::string::npos) << r.out;
+  r = run(kBin + " generate --help", 60);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("--device ENUM:{cpu,cuda,auto}"), std::string::npos) << r.out;
+  // A layout past int's range is INVALID with its true rank count, not a wrapped negative one.
+  r = run(fmt::format("{} plan --config {} --tp 46341 --cp 46341", kBin, cfg), 60);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("layout tp=46341 cp=46341 (N = 2147488281): INVALID"), std::string::npos) << r.out;
+}
+
+// Regression (CLI QA, defect 12): a malformed --jsonl line said only "expected a JSON object", and
+// duplicate keys were accepted though every other JSON helixlm reads refuses them.
+TEST(Cli, TokenizeJsonlSaysWhyALineIsNotAnObject) {
+  const std::string expected = "stdin line 1: expected a JSON object {\"text\": \"...\"}";
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"{\"text\": \"\xff\"}\n", {expected + ": invalid JSON (byte ", "UTF-8"}},
+      {"{\"text\": \"\\ud800\"}\n", {expected + ": invalid JSON (byte ", "surrogate"}},
+      {"{\"text\": \"a\"} {\"text\": \"b\"}\n",
+       {expected + ": invalid JSON (byte ", "expected end of input"}},
+      {"{\"text\": \"a\", \"text\": \"b\"}\n",
+       {expected + ": key \"text\" appears twice in one JSON object"}},
+      {"[\"a\"]\n", {expected + ", got array"}},
+  };
+  for (const auto& [input, messages] : cases) {
+    const Result r = tokenize("--jsonl", input);
+    EXPECT_EQ(r.code, 1) << input;
+    EXPECT_NE(r.err.find("helixlm: error: " + messages.front()), std::string::npos) << r.err;
+    for (const std::string& m : messages) EXPECT_NE(r.err.find(m), std::string::npos) << r.err;
+  }
 }
 
 }  // namespace

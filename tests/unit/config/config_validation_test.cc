@@ -112,10 +112,11 @@ const std::vector<BadConfig>& bad_configs() {
       {"LayerListEntryString",
        [] { return moonshot([](json& d) { lac(d)["kda_layers"][2] = "3"; }); },
        {"linear_attn_config.kda_layers[2]", "integer"}},
-      // An absurd layer count is reported quickly, not allocated.
+      // An absurd layer count is reported quickly, not allocated: as beyond the bound on layers, before
+      // the layer lists are read.
       {"HugeLayerCount",
        [] { return moonshot([](json& d) { d["num_hidden_layers"] = 1000000000000000; }); },
-       {"layer(s) 28, 29", "(1-based)"}},
+       {"`num_hidden_layers` = 1000000000000000 exceeds 4096"}},
       {"LinearAttnConfigNotObject",
        [] { return moonshot([](json& d) { d["linear_attn_config"] = json::array(); }); },
        {"`linear_attn_config`", "object"}},
@@ -295,6 +296,70 @@ const std::vector<BadConfig>& bad_configs() {
       {"K3GateOnKimiLinear",
        [] { return moonshot([](json& d) { lac(d)["use_full_rank_gate"] = true; }); },
        {"`linear_attn_config.use_full_rank_gate`", "Kimi K3"}},
+
+      // Regression: sizes had no upper bound, so a config alone made every command allocate without
+      // limit or overflow int64 ("negative dimension in shape"). Each is bounded, naming field and limit.
+      {"VocabSizeBeyondLimit",
+       [] { return moonshot([](json& d) { d["vocab_size"] = 20000000000; }); },
+       {"`vocab_size` = 20000000000 exceeds 16777216, the most helixlm supports"}},
+      {"HiddenSizeBeyondLimit",
+       [] { return moonshot([](json& d) { d["hidden_size"] = int64_t{1} << 62; }); },
+       {"`hidden_size` = 4611686018427387904 exceeds 131072"}},
+      {"NumLayersBeyondLimit",
+       [] { return moonshot([](json& d) { d["num_hidden_layers"] = 10000000; }); },
+       {"`num_hidden_layers` = 10000000 exceeds 4096"}},
+      {"LayerTypesBeyondLimit",
+       [] {
+         return transformers([](json& d) {
+           d["num_hidden_layers"] = 5000;
+           d["layer_types"] = std::vector<std::string>(5000, "linear_attention");
+         });
+       },
+       {"`num_hidden_layers` = 5000 exceeds 4096"}},
+      {"NumExpertsBeyondLimit",
+       [] { return moonshot([](json& d) { d["num_experts"] = int64_t{1} << 40; }); },
+       {"`num_experts` = 1099511627776 exceeds 65536"}},
+      {"RoutedExpertsOverAllLayersBeyondLimit",
+       [] { return moonshot([](json& d) { d["num_experts"] = 65536; }); },
+       {"`num_experts` = 65536 routed experts in each of 26 MoE layers make 1703936", "524288",
+        "valid: num_experts <= 20164"}},
+      {"NumLocalExpertsAliasBeyondLimit",
+       [] {
+         return transformers([](json& d) {
+           d.erase("num_experts");
+           d["num_local_experts"] = 100000;
+         });
+       },
+       {"`num_local_experts` = 100000 exceeds 65536"}},
+      {"IntermediateSizeBeyondLimit",
+       [] { return moonshot([](json& d) { d["intermediate_size"] = int64_t{1} << 62; }); },
+       {"`intermediate_size` = 4611686018427387904 exceeds 1048576"}},
+      {"MoeIntermediateSizeBeyondLimit",
+       [] { return moonshot([](json& d) { d["moe_intermediate_size"] = 1000000; }); },
+       {"`moe_intermediate_size` = 1000000 exceeds 262144"}},
+      {"SharedExpertsBeyondLimit",
+       [] { return moonshot([](json& d) { d["num_shared_experts"] = 1000; }); },
+       {"`num_shared_experts` = 1000 exceeds 64"}},
+      {"KdaHeadsBeyondLimit",
+       [] { return moonshot([](json& d) { lac(d)["num_heads"] = 1000000; }); },
+       {"`linear_attn_config.num_heads` = 1000000 exceeds 4096"}},
+      {"KdaConvKernelBeyondLimit",
+       [] { return transformers([](json& d) { d["linear_conv_kernel_dim"] = 1000000000; }); },
+       {"`linear_conv_kernel_dim` = 1000000000 exceeds 256"}},
+      {"MlaHeadsBeyondLimit",
+       [] {
+         return moonshot([](json& d) {
+           d["num_attention_heads"] = 8192;
+           d["num_key_value_heads"] = 8192;
+         });
+       },
+       {"`num_attention_heads` = 8192 exceeds 4096"}},
+      {"KvLoraRankBeyondLimit",
+       [] { return moonshot([](json& d) { d["kv_lora_rank"] = int64_t{1} << 32; }); },
+       {"`kv_lora_rank` = 4294967296 exceeds 131072"}},
+      {"QkRopeHeadDimBeyondLimit",
+       [] { return moonshot([](json& d) { d["qk_rope_head_dim"] = 100000; }); },
+       {"`qk_rope_head_dim` = 100000 exceeds 4096"}},
 
       // Token ids.
       {"EosString",

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "model/model.h"
 #include "ops/cpu/cpu_ops.h"
 #include "parallel/comm.h"
@@ -33,6 +35,53 @@ TEST(MemoryPlan, CacheSizeOfThe48BModel) {
   EXPECT_EQ(c.kv_pool_bytes, int64_t{4} * (1 << 20) / 8 * 8064);
   EXPECT_EQ(c.kda_state_bytes, 4 * (5 * 1024 * 1024 + 20 * 3 * 4 * 128 * 3 * 2));
   EXPECT_EQ(c.total(), c.kv_pool_bytes + c.kda_state_bytes);
+}
+
+// Every size at the config's limits (model_config.h) fits int64 with room to spare: the largest dims
+// everywhere, 4096 layers, and one MoE layer of the most experts (the bound on routed experts over all
+// layers keeps the experts' share within the same margin; a layout of that many costs seconds).
+TEST(MemoryPlan, SizesAtTheConfigLimitsStayWithinInt64) {
+  nlohmann::json doc = {{"model_type", "kimi_linear"},
+                        {"vocab_size", kMaxVocabSize},
+                        {"hidden_size", kMaxHiddenSize},
+                        {"num_hidden_layers", kMaxLayers},
+                        {"rms_norm_eps", 1e-5},
+                        {"linear_num_heads", kMaxHeads},
+                        {"linear_head_dim", kMaxHeadDim},
+                        {"linear_conv_kernel_dim", kMaxConvKernel},
+                        {"num_attention_heads", kMaxHeads},
+                        {"q_lora_rank", kMaxHiddenSize},
+                        {"kv_lora_rank", kMaxHiddenSize},
+                        {"qk_nope_head_dim", kMaxHeadDim},
+                        {"qk_rope_head_dim", kMaxHeadDim},
+                        {"v_head_dim", kMaxHeadDim},
+                        {"num_experts", kMaxExperts},
+                        {"num_experts_per_token", 8},
+                        {"moe_intermediate_size", kMaxMoeIntermediateSize},
+                        {"num_shared_experts", kMaxSharedExperts},
+                        {"routed_scaling_factor", 1.0},
+                        {"intermediate_size", kMaxIntermediateSize}};
+  std::vector<std::string> attn, ffn;
+  for (int64_t i = 0; i < kMaxLayers; ++i) {
+    attn.push_back(i % 2 == 0 ? "full_attention" : "linear_attention");
+    ffn.push_back(i == 1 ? "sparse" : "dense");
+  }
+  doc["layer_types"] = attn;
+  doc["mlp_layer_types"] = ffn;
+  const ModelConfig cfg = parse_model_config(doc, "limits/config.json");
+  constexpr int64_t kRoom = int64_t{1} << 60;  // 8x below int64's limit
+  EXPECT_GT(parameter_count(cfg), 0);
+  EXPECT_LT(parameter_count(cfg), kRoom / 4);  // bytes in F32 too
+  const Mapping one = Mapping::make(1, 1, 0);
+  const RankWeightBytes w =
+      rank_weight_bytes(weight_layout(cfg), one, [](const WeightSpec&) { return DType::kF32; });
+  EXPECT_GT(w.total, 0);
+  EXPECT_LT(w.total, kRoom);
+  const StateBytes st = state_bytes(cfg, one, 4, 4);
+  EXPECT_GT(st.kv_per_token, 0);
+  EXPECT_LT(st.kda_recurrent + st.kda_conv, kRoom);
+  const CacheSize c = cache_size(cfg, one, 64, 1, 64, 4, 4);
+  EXPECT_GT(c.total(), 0);
 }
 
 TEST(MemoryPlan, CacheSizeIsWhatTheEngineAllocates) {
