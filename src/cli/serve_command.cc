@@ -46,7 +46,17 @@ void on_signal(int) { g_stop_requests.fetch_add(1); }
 // How long answers that are complete on the engine side may take to reach their clients at shutdown.
 constexpr std::chrono::seconds kWriteOutGrace{10};
 
+// Every running or queued request may hold an HTTP thread (HttpOptions::threads below): these bounds keep
+// that pool creatable. httplib's pool cannot fail cleanly (a thread that cannot be started ends the
+// process), so 100,000 sequences must be refused here, not found out there.
+constexpr int32_t kMaxNumSeqs = 4096;
+constexpr int32_t kMaxQueued = 4096;
+
 int run_serve(const ServeArgs& a) {
+  HLM_CHECK(a.max_num_seqs >= 1 && a.max_num_seqs <= kMaxNumSeqs,
+            "--max-num-seqs must be in [1, {}] (got {})", kMaxNumSeqs, a.max_num_seqs);
+  HLM_CHECK(a.max_queued >= 0 && a.max_queued <= kMaxQueued,
+            "--max-queued-requests must be in [0, {}] (got {})", kMaxQueued, a.max_queued);
   int world = 1, rank = 0;
   mpi_world(&world, &rank);
   // A model that cannot be found fails before the port is taken.
@@ -68,8 +78,10 @@ int run_serve(const ServeArgs& a) {
   so.max_step_tokens = a.max_num_batched_tokens + a.max_num_seqs;
   so.max_logit_rows = a.max_num_seqs;
   so.engine.num_pages = a.kv_pages;
-  // The engine also holds the warmup sequence (cp*P + 2 tokens), which may exceed what requests get.
-  so.max_seq_len = std::max<int64_t>(a.max_model_len, so.warmup ? so.cp * so.engine.tokens_per_block + 2 : 0);
+  // The cache holds --max-model-len tokens per sequence, or the warmup sequence where that is longer
+  // (Session sizes it so, and its refusals name whichever it was).
+  so.batch_option = "--max-num-seqs";
+  so.length_option = "--max-model-len";
   Session s(so, a.max_model_len);
   if (!s.is_driver()) {
     s.engine().serve();

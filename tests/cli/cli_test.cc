@@ -398,6 +398,15 @@ TEST(Cli, OversizedRequestsFailFastNamingTheOption) {
       {"bench -m " + kTiny + " --context 1000000000000", "--context 1000000000000 + --steps 32 exceeds"},
       {"bench -m " + kTiny + " --batch 100000 --context 64",
        "the caches for 100000 sequences (--batch) of 96 tokens (--context) need 5.48 GiB"},
+      // serve's caches are sized by its own options (they named --max-batch / --max-seq-len, which serve
+      // does not have), and its HTTP pool by --max-num-seqs and --max-queued-requests: 100,000 sequences
+      // asked for 200,000 threads and ended the process with an uncaught std::system_error.
+      {"serve -m " + kTiny + " --device cpu --port 0 --max-num-seqs 4096 --max-model-len 1000000",
+       "the caches for 4096 sequences (--max-num-seqs) of 1000000 tokens (--max-model-len) need"},
+      {"serve -m " + kTiny + " --device cpu --port 0 --max-num-seqs 100000",
+       "--max-num-seqs must be in [1, 4096] (got 100000)"},
+      {"serve -m " + kTiny + " --device cpu --port 0 --max-queued-requests 5000",
+       "--max-queued-requests must be in [0, 4096] (got 5000)"},
       {"bench -m " + kTiny + " --device cpu --context 16 --steps 3 --kernel-trace /dev/null",
        "--kernel-trace: this backend runs no device kernels to trace (it needs --device cuda)"},
       {"bench -m " + kTiny + " --device cpu --context 16 --steps 1 --kernel-trace /dev/null",
