@@ -31,4 +31,8 @@ int64_t available_host_memory() {
   return static_cast<int64_t>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
 }
 
+const char* host_memory_source() {
+  return std::getenv("HLM_HOST_MEMORY_BYTES") != nullptr ? "HLM_HOST_MEMORY_BYTES" : "MemAvailable";
+}
+
 }  // namespace hlm

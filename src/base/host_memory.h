@@ -11,4 +11,7 @@ namespace hlm {
 // free physical pages from sysconf. HLM_HOST_MEMORY_BYTES overrides it (tests, or to leave headroom).
 int64_t available_host_memory();
 
+// Where that figure comes from, for messages: "HLM_HOST_MEMORY_BYTES" when it is set, else "MemAvailable".
+const char* host_memory_source();
+
 }  // namespace hlm

@@ -161,8 +161,9 @@ struct HostShare {
 HostShare host_share() {
   const int local = ranks_on_this_host();
   return {available_host_memory() / local,
-          local > 1 ? fmt::format("host memory (MemAvailable shared by {} ranks on this host)", local)
-                    : std::string("host memory (MemAvailable)")};
+          local > 1
+              ? fmt::format("host memory ({} shared by {} ranks on this host)", host_memory_source(), local)
+              : fmt::format("host memory ({})", host_memory_source())};
 }
 
 // Checks what sizes the host's caches before anything is loaded: the length within what a sequence may

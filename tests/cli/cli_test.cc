@@ -739,7 +739,8 @@ TEST(Cli, HostMemoryRefusalsNameWhatSizedThem) {
       {"8000000000 bench --random-weights --config " + b48 + " --device cpu --context 16 --steps 2",
        {"the weights of this rank need 183.0 GiB of host memory (the CPU backend holds float weights as "
         "F32), "
-        "but host memory (MemAvailable) has 7.5 GiB available; use more ranks (--tp/--cp, over several "
+        "but host memory (HLM_HOST_MEMORY_BYTES) has 7.5 GiB available; use more ranks (--tp/--cp, over "
+        "several "
         "hosts), a GPU (--device cuda), or fewer layers (--num-layers)"}},
       {"1000000 " + gen,
        {"the weights of this rank need 2.1 MiB of host memory", "has 976.6 KiB available",
@@ -748,7 +749,8 @@ TEST(Cli, HostMemoryRefusalsNameWhatSizedThem) {
        {"the caches for 2000 sequences (--max-batch) of 65538 tokens (the warmup: --cp 1 x "
         "--tokens-per-block "
         "65536 + 2) need",
-        "but host memory (MemAvailable) less this rank's weights (2.1 MiB) has 0.93 GiB available; lower "
+        "but host memory (HLM_HOST_MEMORY_BYTES) less this rank's weights (2.1 MiB) has 0.93 GiB available; "
+        "lower "
         "--max-batch or skip the warmup (--no-warmup)"}},
       {"3000000 " + gen + "--max-batch 200",
        {"lower --max-batch: the KDA state of one sequence takes",
