@@ -60,4 +60,8 @@ bool ClientConnection::closed() const {
   return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+void ClientConnection::shut_down_sending() const {
+  if (fd_ >= 0) shutdown(fd_, SHUT_WR);
+}
+
 }  // namespace hlm

@@ -18,6 +18,9 @@ class ClientConnection {
   // The client closed or reset the connection: it is readable and has nothing to read, the test
   // httplib's own is_writable applies to a streaming response.
   bool closed() const;
+  // Sends the end of this side's stream (a FIN after the bytes already written): how a body without a
+  // length ends on a connection httplib would otherwise keep open.
+  void shut_down_sending() const;
 
  private:
   int fd_ = -1;

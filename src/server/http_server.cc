@@ -25,6 +25,17 @@ void send_error(httplib::Response& res, int status, const std::string& message,
 // Paths anyone may read: load balancers and scrapers do not carry the API key.
 bool is_public(const std::string& path) { return path == "/health" || path == "/metrics"; }
 
+void refuse_unauthorized(httplib::Response& res) {
+  send_error(res, 401, "invalid or missing API key: send the header 'Authorization: Bearer <key>'");
+}
+
+// Whether httplib reads a body for this request before its handler or its 404 (the methods and rule of its
+// expect_content).
+bool carries_body(const httplib::Request& req) {
+  return req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
+         (req.method == "DELETE" && req.has_header("Content-Length"));
+}
+
 // Compares without an early exit, so response timing does not reveal how much of a key was right.
 bool same_secret(const std::string& given, const std::string& key) {
   if (given.size() != key.size()) return false;
@@ -67,9 +78,12 @@ HttpServer::HttpServer(const HttpOptions& options, Metrics& metrics) : options_(
   server_.set_payload_max_length(options_.max_body_bytes);
   // Streamed tokens are small writes; Nagle's algorithm would hold each until the previous is acked.
   server_.set_tcp_nodelay(true);
+  // A request httplib reads a body for is refused only once that body is read (by read_body, or by httplib
+  // itself for an unrouted path, refused in the error handler): refused before, its unread body would be
+  // taken for the next request on a kept-alive connection.
   server_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (is_public(req.path) || authorized(req)) return Handled::Unhandled;
-    send_error(res, 401, "invalid or missing API key: send the header 'Authorization: Bearer <key>'");
+    if (is_public(req.path) || authorized(req) || carries_body(req)) return Handled::Unhandled;
+    refuse_unauthorized(res);
     return Handled::Handled;
   });
   // Refusals made by httplib itself (unknown path 404, unreadable request 400, and the body limits of
@@ -77,6 +91,10 @@ HttpServer::HttpServer(const HttpOptions& options, Metrics& metrics) : options_(
   server_.set_error_handler(
       httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) return Handled::Unhandled;
+        if (!is_public(req.path) && !authorized(req)) {
+          refuse_unauthorized(res);
+          return Handled::Handled;
+        }
         std::string message = fmt::format("the request failed with HTTP status {}", res.status);
         if (res.status == 404) message = fmt::format("no route for {} {}", req.method, req.path);
         if (res.status == 413) {
@@ -90,6 +108,11 @@ HttpServer::HttpServer(const HttpOptions& options, Metrics& metrics) : options_(
         send_error(res, res.status, message);
         return Handled::Handled;
       }));
+  // httplib announces keep-alive on any connection it has not itself decided to close, also alongside a
+  // handler's "Connection: close".
+  server_.set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
+    if (res.get_header_value("Connection") == "close") res.headers.erase("Keep-Alive");
+  });
   server_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
     if (!is_public(req.path)) metrics_.count_response(res.status);
   });
@@ -106,13 +129,15 @@ bool HttpServer::authorized(const httplib::Request& req) const {
 
 std::optional<std::string> HttpServer::read_body(const httplib::Request& req, httplib::Response& res,
                                                  const httplib::ContentReader& reader) const {
+  // An unauthorized request's body is read only to keep the connection in step, and not kept.
+  const bool allowed = authorized(req);
   std::string body;
   bool too_large = false;
   auto receive = [&](const char* data, size_t n) {
     // Past the cap the rest is still read, and dropped, as httplib skips an over-long Content-Length: the
     // connection stays in step for the client's next request.
     too_large = too_large || body.size() + n > options_.max_body_bytes;
-    if (!too_large) body.append(data, n);
+    if (!too_large && allowed) body.append(data, n);
     return true;
   };
   // A multipart body is read through the part callbacks (the plain reader would call a missing one),
@@ -120,6 +145,10 @@ std::optional<std::string> HttpServer::read_body(const httplib::Request& req, ht
   const bool multipart = req.is_multipart_form_data();
   const bool ok =
       multipart ? reader([](const httplib::MultipartFormData&) { return true; }, receive) : reader(receive);
+  if (!allowed) {
+    refuse_unauthorized(res);
+    return std::nullopt;
+  }
   // httplib sets 413 itself when Content-Length is over the cap.
   if (too_large || res.status == 413) {
     send_error(

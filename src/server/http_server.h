@@ -56,8 +56,8 @@ class HttpServer {
   // The other methods on every routed path: 405.
   void refuse_other_methods();
   bool authorized(const httplib::Request& req) const;
-  // The request body, read in full; nullopt (and `res` holds the refusal) when it is too large or cannot
-  // be read.
+  // The request body, read in full; nullopt (and `res` holds the refusal) when the request lacks the API
+  // key, or its body is too large or cannot be read.
   std::optional<std::string> read_body(const httplib::Request& req, httplib::Response& res,
                                        const httplib::ContentReader& reader) const;
 

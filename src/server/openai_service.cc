@@ -112,9 +112,15 @@ void OpenAiService::generate(const httplib::Request& req, const GenerationReques
   auto releaser = [writer, open](bool success) { writer->close(success); };
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
-  // HTTP/1.0 has no chunked encoding: there the stream ends with the connection.
   if (req.version == "HTTP/1.0") {
-    res.set_content_provider("text/event-stream", provider, releaser);
+    // HTTP/1.0 has no chunked encoding: the stream ends where the server's sending does, which on a
+    // connection the client asked to keep alive would be httplib's idle timeout, seconds later.
+    auto connection = std::make_shared<ClientConnection>(req);
+    res.set_header("Connection", "close");
+    res.set_content_provider("text/event-stream", provider, [releaser, connection](bool success) {
+      releaser(success);
+      connection->shut_down_sending();
+    });
   } else {
     res.set_chunked_content_provider("text/event-stream", provider, releaser);
   }

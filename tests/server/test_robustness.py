@@ -52,9 +52,9 @@ def sse_events(text):
     return [e if e == "[DONE]" else json.loads(e) for e in events]
 
 
-def raw_exchange(port, request):
+def raw_exchange(port, request, timeout=120):
     """Sends bytes on a fresh connection and reads until the server closes it: (status line, headers, body)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
         sock.sendall(request)
         data = b""
         while chunk := sock.recv(65536):
@@ -241,6 +241,15 @@ class Protocol(unittest.TestCase):
             self.assertIn(" 200 ", status)
             self.assertNotIn("transfer-encoding", headers)
             self.assertEqual(sse_events(data.decode())[-1], "[DONE]")
+            # Asked to keep the connection alive, the server still ends the stream by closing its side, well
+            # before httplib's 5 s idle timeout would (the socket's 3 s timeout fails the test then).
+            status, headers, data = raw_exchange(s.port, b"POST /v1/completions HTTP/1.0\r\nConnection: "
+                                                 b"Keep-Alive\r\nContent-Length: %d\r\n\r\n%s"
+                                                 % (len(body), body), timeout=3)
+            self.assertIn(" 200 ", status)
+            self.assertEqual(headers.get("connection"), "close")
+            self.assertNotIn("keep-alive", headers)
+            self.assertEqual(sse_events(data.decode())[-1], "[DONE]")
             # curl -d sends application/x-www-form-urlencoded; a body past httplib's 8 KiB cap on forms is
             # still the JSON request.
             long_prompt = {"prompt": [5, 17] * 1500, "max_tokens": 3, "temperature": 0}
@@ -334,6 +343,28 @@ class BadRequests(unittest.TestCase):
             for scheme in ("bearer", "BEARER"):
                 code, body = s.post("/v1/completions", greedy(2), headers={"Authorization": f"{scheme} sekrit"})
                 self.assertEqual(code, 200, (scheme, body))
+
+    def test_a_refused_body_does_not_become_the_next_request(self):
+        # The body goes out after a pause, in a packet of its own, as a slow client's would: a 401 answered
+        # before it is read would leave it on the socket to be parsed as the next request.
+        with Server(api_key="sekrit") as s:
+            body = json.dumps(greedy(2)).encode()
+            with socket.create_connection(("127.0.0.1", s.port), timeout=60) as sock:
+                for path, key in (("/v1/completions", b""), ("/v1/nothing-here", b""), ("/v1/models", b""),
+                                  ("/v1/completions", b"Authorization: Bearer sekrit\r\n")):
+                    sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n"
+                                 % (path.encode(), key, len(body)))
+                    time.sleep(0.2)
+                    sock.sendall(body)
+                    resp = http.client.HTTPResponse(sock)
+                    resp.begin()
+                    answer = json.loads(resp.read())
+                    if key:
+                        self.assertEqual(resp.status, 200, answer)
+                        self.assertEqual(answer["usage"]["completion_tokens"], 2)
+                    else:
+                        self.assertEqual(resp.status, 401, (path, answer))
+                        assert_openai_error(self, answer, 401)
 
 
 class Port(unittest.TestCase):
