@@ -107,8 +107,12 @@ int run_serve(const ServeArgs& a) {
             a.kv_pages, a.max_model_len, scheduler.pages_for(a.max_model_len), so.engine.tokens_per_block);
   EngineLoop loop(scheduler, metrics, a.max_num_seqs, a.max_queued, g_stop_requests);
   const std::string name = a.served_model_name.empty() ? a.session.model_dir : a.served_model_name;
-  const ServingContext ctx{name, a.max_model_len, s.config().vocab_size, tokenizer ? &*tokenizer : nullptr,
-                           chat ? &*chat : nullptr};
+  const ServingContext ctx{name,
+                           a.max_model_len,
+                           s.config().vocab_size,
+                           tokenizer ? &*tokenizer : nullptr,
+                           chat ? &*chat : nullptr,
+                           static_cast<int64_t>(a.max_num_seqs) + a.max_queued};
   OpenAiService service(ctx, loop, metrics);
 
   std::signal(SIGINT, on_signal);

@@ -6,11 +6,18 @@
 
 namespace hlm {
 
+RequestChannel::RequestChannel(int64_t first_id, int choices) : first_id_(first_id), choices_(choices) {
+  HLM_CHECK(choices >= 1, "a request of {} sequences", choices);
+}
+
 void RequestChannel::push(const SeqOutput& output, Clock::time_point time) {
+  const int64_t choice = output.id - first_id_;
+  HLM_CHECK(choice >= 0 && choice < choices_, "sequence {} is not one of request {}'s {} sequences",
+            output.id, first_id_, choices_);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    pending_.push_back(TimedOutput{output, time});
-    if (output.finish != FinishReason::kNone) finished_ = true;
+    pending_.push_back(TimedOutput{static_cast<int>(choice), output, time});
+    if (output.finish != FinishReason::kNone && ++ended_ == choices_) finished_ = true;
   }
   cv_.notify_one();
 }
@@ -44,7 +51,14 @@ EngineLoop::EngineLoop(Scheduler& scheduler, Metrics& metrics, int32_t max_num_s
   publish_gauges();
 }
 
-std::shared_ptr<RequestChannel> EngineLoop::submit(SeqRequest request) {
+std::shared_ptr<RequestChannel> EngineLoop::submit(std::vector<SeqRequest> choices) {
+  const auto k = static_cast<int64_t>(choices.size());
+  HLM_CHECK(k >= 1, "a request of no sequences");
+  if (k > max_in_flight_) {
+    throw ApiError(400, fmt::format("this request needs {} sequences; the server runs and queues at most {} "
+                                    "at once (--max-num-seqs plus --max-queued-requests)",
+                                    k, max_in_flight_));
+  }
   std::shared_ptr<RequestChannel> channel;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -52,15 +66,16 @@ std::shared_ptr<RequestChannel> EngineLoop::submit(SeqRequest request) {
     // Read under the mutex, as run() does: a request either counts in in_flight_ before run() sees the
     // stop, or is refused here.
     if (shutting_down()) throw ApiError(503, "the server is shutting down; it takes no new requests");
-    if (in_flight_ >= max_in_flight_) {
-      throw ApiError(429,
-                     fmt::format("the server is full: {} requests are running or queued (--max-num-seqs plus "
-                                 "--max-queued-requests); retry later",
-                                 in_flight_));
+    if (in_flight_ + k > max_in_flight_) {
+      throw ApiError(429, fmt::format("the server is full: {} sequences are running or queued of at most {} "
+                                      "(--max-num-seqs plus --max-queued-requests), and this request needs "
+                                      "{}; retry later",
+                                      in_flight_, max_in_flight_, k));
     }
-    ++in_flight_;
-    channel = std::make_shared<RequestChannel>(next_id_++);
-    inbox_.push_back(Incoming{channel, std::move(request)});
+    in_flight_ += k;
+    channel = std::make_shared<RequestChannel>(next_id_, static_cast<int>(k));
+    next_id_ += k;
+    inbox_.push_back(Incoming{channel, std::move(choices)});
   }
   cv_.notify_one();
   return channel;
@@ -83,10 +98,33 @@ void EngineLoop::take_requests(std::vector<Incoming>& incoming, std::vector<int6
   cancels.swap(cancels_);
 }
 
+void EngineLoop::admit(Incoming& in) {
+  const RequestChannel& ch = *in.channel;
+  for (int c = 0; c < ch.choices(); ++c) channels_[ch.id(c)] = in.channel;
+  for (int c = 0; c < ch.choices(); ++c) {
+    try {
+      scheduler_.add(ch.id(c), std::move(in.choices[c]));
+    } catch (const Error& e) {
+      // The HTTP side validates first; this is the last line, and it only refuses this request.
+      in.channel->fail(400, e.what());
+      drop(ch);
+      return;
+    }
+  }
+}
+
 void EngineLoop::left(int64_t id) {
-  channels_.erase(id);
+  if (channels_.erase(id) == 0) return;
   std::lock_guard<std::mutex> lock(mutex_);
   --in_flight_;
+}
+
+void EngineLoop::drop(const RequestChannel& channel) {
+  for (int c = 0; c < channel.choices(); ++c) {
+    if (channels_.count(channel.id(c)) == 0) continue;
+    scheduler_.cancel(channel.id(c));  // ignored for a sequence not added yet
+    left(channel.id(c));
+  }
 }
 
 void EngineLoop::publish_gauges() {
@@ -102,7 +140,11 @@ void EngineLoop::publish_gauges() {
 
 int64_t EngineLoop::fail_all(int status, const std::string& message) {
   int64_t n = 0;
+  const RequestChannel* last = nullptr;
   for (auto& [id, channel] : channels_) {
+    // A request's sequences have consecutive ids, so its entries are neighbours in the map.
+    if (channel.get() == last) continue;
+    last = channel.get();
     channel->fail(status, message);
     ++n;
   }
@@ -146,17 +188,7 @@ int64_t EngineLoop::run() {
       std::vector<Incoming> incoming;
       std::vector<int64_t> cancels;
       take_requests(incoming, cancels);
-      for (Incoming& in : incoming) {
-        const int64_t id = in.channel->id();
-        channels_[id] = in.channel;
-        try {
-          scheduler_.add(id, std::move(in.request));
-        } catch (const Error& e) {
-          // The HTTP side validates first; this is the last line, and it only refuses this request.
-          in.channel->fail(400, e.what());
-          left(id);
-        }
-      }
+      for (Incoming& in : incoming) admit(in);
       for (int64_t id : cancels) {
         if (channels_.count(id) == 0) continue;  // it ended on its own meanwhile
         scheduler_.cancel(id);
@@ -171,10 +203,13 @@ int64_t EngineLoop::run() {
           auto it = channels_.find(o.id);
           if (it == channels_.end()) continue;
           if (o.finish == FinishReason::kError) {
-            it->second->fail(500, o.error);  // this request fails; the others go on
-          } else {
-            it->second->push(o, now);
+            // This request fails, its other choices with it; the other requests go on.
+            const std::shared_ptr<RequestChannel> channel = it->second;
+            channel->fail(500, o.error);
+            drop(*channel);
+            continue;
           }
+          it->second->push(o, now);
           if (o.finish != FinishReason::kNone) left(o.id);
         }
       }

@@ -94,8 +94,8 @@ std::string Metrics::render() const {
   out += header("helixlm:requests_total", "counter", "HTTP responses of the API endpoints, by status code.");
   for (const auto& [status, n] : responses_)
     out += fmt::format("helixlm:requests_total{{status=\"{}\"}} {}\n", status, n);
-  out +=
-      header("helixlm:requests_finished_total", "counter", "Generation requests finished, by finish reason.");
+  out += header("helixlm:requests_finished_total", "counter",
+                "Generation requests finished, by finish reason (each choice of a request counts once).");
   for (const auto& [reason, n] : finished_) {
     out += fmt::format("helixlm:requests_finished_total{{finish_reason=\"{}\"}} {}\n", reason, n);
   }

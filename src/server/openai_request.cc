@@ -27,10 +27,12 @@ void check_model(const JsonFields& f, const ServingContext& ctx) {
 
 // Options the OpenAI API has and helixlm does not implement: refused, so a client never gets a silently
 // different result. A value equal to the neutral default is accepted.
-void refuse_unsupported(const JsonFields& f) {
-  if (auto n = f.integer("n", 1, kMaxInt); n && *n != 1)
-    f.fail("n", "1 (helixlm returns one choice per request)");
-  if (auto b = f.integer("best_of", 1, kMaxInt); b && *b != 1) f.fail("best_of", "1 (not supported)");
+void refuse_unsupported(const JsonFields& f, int64_t n) {
+  if (auto b = f.integer("best_of", 1, kMaxInt); b && *b != n) {
+    f.fail("best_of", fmt::format("absent or equal to n, {} (returning the best of more sequences than n is "
+                                  "not supported)",
+                                  n));
+  }
   for (const char* key : {"presence_penalty", "frequency_penalty"}) {
     if (auto v = f.number(key, -2.0, 2.0); v && *v != 0.0) f.fail(key, "0 (penalties are not supported)");
   }
@@ -91,11 +93,13 @@ std::vector<std::string> stop_strings(const JsonFields& f) {
   return stop;
 }
 
-// Fields shared by both endpoints; max_new_tokens is settled once the prompt length is known.
-void parse_common(const JsonFields& f, const ServingContext& ctx, GenerationRequest& r,
+// Fields shared by both endpoints, into r and the sequence every choice starts from; max_new_tokens is
+// settled once the prompt length is known.
+void parse_common(const JsonFields& f, const ServingContext& ctx, GenerationRequest& r, SeqRequest& seq,
                   std::optional<int64_t>& max_tokens) {
   check_model(f, ctx);
-  refuse_unsupported(f);
+  r.n = f.integer("n", 1, kMaxInt).value_or(1);
+  refuse_unsupported(f, r.n);
   r.stream = f.boolean("stream").value_or(false);
   if (const nlohmann::json* so = f.find("stream_options")) {
     r.include_usage = JsonFields(*so, f.path("stream_options")).boolean("include_usage").value_or(false);
@@ -103,7 +107,7 @@ void parse_common(const JsonFields& f, const ServingContext& ctx, GenerationRequ
   max_tokens = f.integer("max_tokens", 1, kMaxInt);
   if (auto m = f.integer("max_completion_tokens", 1, kMaxInt)) max_tokens = m;
 
-  SamplingParams& s = r.seq.sampling;
+  SamplingParams& s = seq.sampling;
   // OpenAI's default temperature is 1; greedy is temperature 0.
   s.temperature = static_cast<float>(f.number("temperature", 0.0, 1e4).value_or(1.0));
   s.top_p = static_cast<float>(f.number("top_p", 0.0, 1.0).value_or(1.0));
@@ -119,39 +123,61 @@ void parse_common(const JsonFields& f, const ServingContext& ctx, GenerationRequ
   r.stop = stop_strings(f);
   if (!r.stop.empty() && !ctx.tokenizer)
     f.fail("stop", "absent: the model has no tokenizer, so there is no text to match");
-  r.seq.stop_ids = int_array(f, "stop_token_ids", ctx.vocab_size);
-  r.seq.stop_at_eos = !f.boolean("ignore_eos").value_or(false);
+  seq.stop_ids = int_array(f, "stop_token_ids", ctx.vocab_size);
+  seq.stop_at_eos = !f.boolean("ignore_eos").value_or(false);
   r.skip_special_tokens = f.boolean("skip_special_tokens").value_or(true);
   r.return_token_ids = f.boolean("return_token_ids").value_or(false);
 }
 
 // max_new_tokens from max_tokens and the prompt, or the OpenAI-style 400 that gives both numbers.
-void settle_lengths(GenerationRequest& r, std::optional<int64_t> max_tokens, const ServingContext& ctx,
-                    const char* prompt_field) {
-  const auto prompt = static_cast<int64_t>(r.seq.prompt.size());
-  if (prompt == 0) throw ApiError(400, fmt::format("'{}' is empty", prompt_field), prompt_field);
+// prompt_path: where the prompt is in the request ("prompt[2]" in a batch); prompt_field: its key.
+void settle_lengths(SeqRequest& seq, std::optional<int64_t> max_tokens, const ServingContext& ctx,
+                    const std::string& prompt_path, const char* prompt_field) {
+  const auto prompt = static_cast<int64_t>(seq.prompt.size());
+  if (prompt == 0) throw ApiError(400, fmt::format("'{}' is empty", prompt_path), prompt_field);
   if (prompt >= ctx.max_model_len) {
-    throw ApiError(
-        400,
-        fmt::format("This model's maximum context length is {} tokens, but the prompt has {} tokens "
-                    "(at least one token must be left to generate)",
-                    ctx.max_model_len, prompt),
-        prompt_field);
+    throw ApiError(400,
+                   fmt::format("This model's maximum context length is {} tokens, but '{}' has {} tokens "
+                               "(at least one token must be left to generate)",
+                               ctx.max_model_len, prompt_path, prompt),
+                   prompt_field);
   }
   if (max_tokens && prompt + *max_tokens > ctx.max_model_len) {
     throw ApiError(
         400,
         fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens "
-                    "({} in the prompt, {} for the completion)",
-                    ctx.max_model_len, prompt + *max_tokens, prompt, *max_tokens),
+                    "({} in '{}', {} for the completion)",
+                    ctx.max_model_len, prompt + *max_tokens, prompt, prompt_path, *max_tokens),
         "max_tokens");
   }
-  r.seq.max_new_tokens = max_tokens.value_or(ctx.max_model_len - prompt);
+  seq.max_new_tokens = max_tokens.value_or(ctx.max_model_len - prompt);
 }
 
-std::vector<int32_t> completion_prompt(const JsonFields& f, const ServingContext& ctx) {
+// Refuses a request of more choices than the server holds at once, before any prompt is tokenized.
+void check_choices(const JsonFields& f, const ServingContext& ctx, int64_t prompts, int64_t n) {
+  if (n <= ctx.max_choices && prompts <= ctx.max_choices / n) return;
+  const std::string asked = prompts == 1 ? fmt::format("n = {} choices", n)
+                                         : fmt::format("{} prompts with n = {} each", prompts, n);
+  throw ApiError(400,
+                 fmt::format("this request asks for {}; the server runs and queues at most {} sequences at "
+                             "once (--max-num-seqs plus --max-queued-requests)",
+                             asked, ctx.max_choices),
+                 n > 1 ? "n" : "prompt");
+}
+
+// The n choices of one prompt: `seq` with a random stream each (the choice's index).
+void add_choices(GenerationRequest& r, const SeqRequest& seq) {
+  for (int64_t j = 0; j < r.n; ++j) {
+    r.choices.push_back(seq);
+    r.choices.back().sampler_stream = r.choices.size() - 1;
+  }
+}
+
+// The prompts of a completion request: a text, token ids, or a batch of either (an array of texts or of
+// id arrays).
+std::vector<std::vector<int32_t>> completion_prompts(const JsonFields& f, const ServingContext& ctx) {
   const nlohmann::json* p = f.find("prompt");
-  if (!p) f.fail("prompt", "given (a string or an array of token ids)");
+  if (!p) f.fail("prompt", "given (a string, an array of token ids, or an array of either)");
   auto from_ids = [&](const nlohmann::json& arr, const std::string& path) {
     std::vector<int32_t> ids;
     for (size_t i = 0; i < arr.size(); ++i) {
@@ -174,17 +200,24 @@ std::vector<int32_t> completion_prompt(const JsonFields& f, const ServingContext
     }
     return ctx.tokenizer->encode(text);
   };
-  if (p->is_string()) return from_text(p->get<std::string>());
-  if (!p->is_array()) f.fail("prompt", "a string or an array of token ids");
-  if (!p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
-    // A batch of prompts: one is fine, several would need several choices.
-    if (p->size() != 1)
-      f.fail("prompt", "a single prompt (batches of prompts are not supported; send one request each)");
-    const nlohmann::json& one = (*p)[0];
-    if (one.is_string()) return from_text(one.get<std::string>());
-    return from_ids(one, "prompt[0]");
+  if (p->is_string()) return {from_text(p->get<std::string>())};
+  if (!p->is_array()) f.fail("prompt", "a string, an array of token ids, or an array of either");
+  if (p->empty() || !((*p)[0].is_string() || (*p)[0].is_array())) return {from_ids(*p, "prompt")};
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i < p->size(); ++i) {
+    const nlohmann::json& one = (*p)[i];
+    const std::string path = fmt::format("prompt[{}]", i);
+    if (one.is_string()) {
+      prompts.push_back(from_text(one.get<std::string>()));
+    } else if (one.is_array()) {
+      prompts.push_back(from_ids(one, path));
+    } else {
+      throw ApiError(
+          400, fmt::format("'{}' must be a string or an array of token ids (a batch holds prompts)", path),
+          "prompt");
+    }
   }
-  return from_ids(*p, "prompt");
+  return prompts;
 }
 
 std::string message_content(const nlohmann::json& content, const std::string& path) {
@@ -258,16 +291,24 @@ GenerationRequest parse_completion_request(const std::string& body, const Servin
   const JsonFields f(j, "");
   GenerationRequest r;
   r.endpoint = Endpoint::kCompletions;
+  SeqRequest seq;
   std::optional<int64_t> max_tokens;
-  parse_common(f, ctx, r, max_tokens);
+  parse_common(f, ctx, r, seq, max_tokens);
   if (f.boolean("echo").value_or(false)) f.fail("echo", "false (echo is not supported)");
   if (f.string("suffix")) f.fail("suffix", "absent (suffix is not supported)");
   // Completions: logprobs is the number of alternatives (0 = the sampled token's only).
-  r.seq.top_logprobs = static_cast<int32_t>(f.integer("logprobs", 0, kMaxLogprobs).value_or(-1));
+  seq.top_logprobs = static_cast<int32_t>(f.integer("logprobs", 0, kMaxLogprobs).value_or(-1));
   // The legacy endpoint's default is 16 tokens (OpenAI), not "up to the context length".
   if (!max_tokens) max_tokens = 16;
-  r.seq.prompt = completion_prompt(f, ctx);
-  settle_lengths(r, max_tokens, ctx, "prompt");
+  const nlohmann::json* p = f.find("prompt");
+  const bool batch = p && p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array());
+  check_choices(f, ctx, batch ? static_cast<int64_t>(p->size()) : 1, r.n);
+  const std::vector<std::vector<int32_t>> prompts = completion_prompts(f, ctx);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    seq.prompt = prompts[i];
+    settle_lengths(seq, max_tokens, ctx, batch ? fmt::format("prompt[{}]", i) : "prompt", "prompt");
+    add_choices(r, seq);
+  }
   return r;
 }
 
@@ -276,10 +317,12 @@ GenerationRequest parse_chat_request(const std::string& body, const ServingConte
   const JsonFields f(j, "");
   GenerationRequest r;
   r.endpoint = Endpoint::kChat;
+  SeqRequest seq;
   std::optional<int64_t> max_tokens;
-  parse_common(f, ctx, r, max_tokens);
+  parse_common(f, ctx, r, seq, max_tokens);
+  check_choices(f, ctx, 1, r.n);
   if (f.boolean("logprobs").value_or(false)) {
-    r.seq.top_logprobs = static_cast<int32_t>(f.integer("top_logprobs", 0, kMaxLogprobs).value_or(0));
+    seq.top_logprobs = static_cast<int32_t>(f.integer("top_logprobs", 0, kMaxLogprobs).value_or(0));
   } else if (f.find("top_logprobs")) {
     f.fail("top_logprobs", "used only with \"logprobs\": true");
   }
@@ -326,13 +369,14 @@ GenerationRequest parse_chat_request(const std::string& body, const ServingConte
   try {
     // A tool list with tool_choice "none" is still declared: the model may mention the tools but not call
     // them.
-    r.seq.prompt = ctx.chat->render_ordered(msgs, tools, /*add_generation_prompt=*/true);
+    seq.prompt = ctx.chat->render_ordered(msgs, tools, /*add_generation_prompt=*/true);
   } catch (const Error& e) {
     throw ApiError(400, e.what(), "messages");
   }
   const std::vector<int32_t> turn_end = ctx.chat->stop_ids();
-  r.seq.stop_ids.insert(r.seq.stop_ids.end(), turn_end.begin(), turn_end.end());
-  settle_lengths(r, max_tokens, ctx, "messages");
+  seq.stop_ids.insert(seq.stop_ids.end(), turn_end.begin(), turn_end.end());
+  settle_lengths(seq, max_tokens, ctx, "messages", "messages");
+  add_choices(r, seq);
   return r;
 }
 

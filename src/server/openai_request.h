@@ -1,8 +1,9 @@
 // Requests of /v1/completions and /v1/chat/completions, validated into what the engine runs. Every
 // field is read with its type and range checked (json_fields.h); what helixlm does not implement
-// (n > 1, penalties, min_p, min_tokens, logit_bias, echo, constrained decoding, tool_choice "required") is
-// refused by name rather than silently ignored. Prompts are tokenized here, and lengths are checked against
-// --max-model-len, so a request the engine would refuse never leaves the HTTP thread.
+// (best_of, penalties, min_p, min_tokens, logit_bias, echo, constrained decoding, tool_choice "required")
+// is refused by name rather than silently ignored. Prompts are tokenized here, and lengths are checked
+// against --max-model-len, so a request the engine would refuse never leaves the HTTP thread. A request
+// becomes one engine sequence per choice: n per prompt, and /v1/completions takes a batch of prompts.
 #pragma once
 
 #include <cstdint>
@@ -25,13 +26,21 @@ struct ServingContext {
   int64_t vocab_size = 0;                // the model's
   const Tokenizer* tokenizer = nullptr;  // null: the model directory has none; only id prompts work
   const ChatTemplate* chat = nullptr;    // null without a tokenizer
+  // Choices (prompts times n) one request may ask for: as many sequences as the server runs and queues
+  // at once (--max-num-seqs plus --max-queued-requests), so a request that asks more is a 400, not a 429
+  // that no retry can cure.
+  int64_t max_choices = 1;
 };
 
 enum class Endpoint { kCompletions, kChat };
 
 struct GenerationRequest {
   Endpoint endpoint = Endpoint::kCompletions;
-  SeqRequest seq;  // prompt ids, max_new_tokens, sampling, stop ids, logprobs
+  // One sequence per choice (prompt ids, max_new_tokens, sampling, stop ids, logprobs), in the order of
+  // the choices' indices: choice i·n + j is the j-th of prompt i (OpenAI's order). The n choices of a
+  // prompt share its seed, each on a random stream of its own.
+  std::vector<SeqRequest> choices;
+  int64_t n = 1;  // choices per prompt
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   std::vector<std::string> stop;

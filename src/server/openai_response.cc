@@ -1,5 +1,7 @@
 #include "server/openai_response.h"
 
+#include "base/error.h"
+
 namespace hlm {
 
 std::string dump_json(const nlohmann::json& j) {
@@ -8,95 +10,120 @@ std::string dump_json(const nlohmann::json& j) {
 
 std::string sse_event(const nlohmann::json& payload) { return "data: " + dump_json(payload) + "\n\n"; }
 
+GenerationResponse::Choice::Choice(const ServingContext& ctx, const GenerationRequest& r,
+                                   const SeqRequest& seq)
+    : prompt(seq.prompt), text(ctx.tokenizer, r.stop, r.skip_special_tokens) {
+  if (r.endpoint == Endpoint::kChat && ctx.chat) {
+    // Kimi Linear: always split <think>; K3: the flag also says whether the prompt opened the think channel.
+    const bool reasoning =
+        ctx.chat->format() == ChatFormat::kK3 ? ctx.chat->generation_starts_in_reasoning() : true;
+    parser.emplace(ctx.chat->format(), r.parse_tools, reasoning);
+  }
+  if (r.endpoint == Endpoint::kCompletions) {
+    logprobs = {{"tokens", nlohmann::json::array()},
+                {"token_logprobs", nlohmann::json::array()},
+                {"top_logprobs", nlohmann::json::array()},
+                {"text_offset", nlohmann::json::array()}};
+  }
+}
+
 GenerationResponse::GenerationResponse(const GenerationRequest& r, const ServingContext& ctx, std::string id,
                                        int64_t created)
     : endpoint_(r.endpoint),
       stream_(r.stream),
       include_usage_(r.include_usage),
       return_token_ids_(r.return_token_ids),
-      want_logprobs_(r.seq.top_logprobs >= 0),
+      want_logprobs_(!r.choices.empty() && r.choices.front().top_logprobs >= 0),
+      n_(r.n),
       id_(std::move(id)),
       created_(created),
-      model_(ctx.model_name),
-      prompt_(r.seq.prompt),
-      text_(ctx.tokenizer, r.stop, r.skip_special_tokens) {
-  if (endpoint_ == Endpoint::kChat && ctx.chat) {
-    // Kimi Linear: always split <think>; K3: the flag also says whether the prompt opened the think channel.
-    const bool reasoning =
-        ctx.chat->format() == ChatFormat::kK3 ? ctx.chat->generation_starts_in_reasoning() : true;
-    parser_.emplace(ctx.chat->format(), r.parse_tools, reasoning);
-  }
-  if (endpoint_ == Endpoint::kCompletions) {
-    logprobs_ = {{"tokens", nlohmann::json::array()},
-                 {"token_logprobs", nlohmann::json::array()},
-                 {"top_logprobs", nlohmann::json::array()},
-                 {"text_offset", nlohmann::json::array()}};
-  }
+      model_(ctx.model_name) {
+  HLM_CHECK(!r.choices.empty() && r.n >= 1 && r.choices.size() % r.n == 0,
+            "a generation request has {} choices, not a whole number of prompts with n = {} each",
+            r.choices.size(), r.n);
+  choices_.reserve(r.choices.size());
+  for (const SeqRequest& seq : r.choices) choices_.emplace_back(ctx, r, seq);
 }
 
-const std::string& GenerationResponse::finish_reason() const {
+bool GenerationResponse::done() const {
+  for (int c = 0; c < choices(); ++c) {
+    if (!done(c)) return false;
+  }
+  return true;
+}
+
+const std::string& GenerationResponse::finish_reason(int c) const {
   static const std::string kNone;
-  return finish_reason_ ? *finish_reason_ : kNone;
+  return choices_[c].finish_reason ? *choices_[c].finish_reason : kNone;
 }
 
-void GenerationResponse::end(FinishReason reason) {
-  if (finish_reason_) return;
-  if (reason == FinishReason::kLength && !text_.stopped()) {
-    finish_reason_ = "length";
-  } else if (parser_ && parser_->tool_call_count() > 0) {
-    finish_reason_ = "tool_calls";
+std::string GenerationResponse::finish_reason() const {
+  std::string joined;
+  for (const Choice& c : choices_) {
+    const std::string reason = c.finish_reason.value_or("");
+    if (joined.find(reason) == std::string::npos) joined += (joined.empty() ? "" : ", ") + reason;
+  }
+  return joined;
+}
+
+void GenerationResponse::end(Choice& c, FinishReason reason) {
+  if (c.finish_reason) return;
+  if (reason == FinishReason::kLength && !c.text.stopped()) {
+    c.finish_reason = "length";
+  } else if (c.parser && c.parser->tool_call_count() > 0) {
+    c.finish_reason = "tool_calls";
   } else {
-    finish_reason_ = "stop";
+    c.finish_reason = "stop";
   }
 }
 
-nlohmann::json GenerationResponse::delta_from_text(const std::string& text, bool final) {
+nlohmann::json GenerationResponse::delta_from_text(Choice& c, const std::string& text, bool final) {
   nlohmann::json delta = nlohmann::json::object();
   if (endpoint_ == Endpoint::kCompletions) {
-    content_ += text;
+    c.content += text;
     if (!text.empty()) delta["text"] = text;
     return delta;
   }
-  ParsedDelta d = parser_->push(text);
+  ParsedDelta d = c.parser->push(text);
   if (final) {
-    ParsedDelta rest = parser_->finish();
+    ParsedDelta rest = c.parser->finish();
     d.content += rest.content;
     d.reasoning_content += rest.reasoning_content;
     d.tool_calls.insert(d.tool_calls.end(), rest.tool_calls.begin(), rest.tool_calls.end());
   }
-  content_ += d.content;
-  reasoning_ += d.reasoning_content;
+  c.content += d.content;
+  c.reasoning += d.reasoning_content;
   if (!d.content.empty()) delta["content"] = d.content;
   if (!d.reasoning_content.empty()) delta["reasoning_content"] = d.reasoning_content;
   if (!d.tool_calls.empty()) {
     nlohmann::json calls = nlohmann::json::array();
-    for (const ToolCall& c : d.tool_calls) {
-      calls.push_back({{"index", tool_call_index_++},
-                       {"id", c.id},
+    for (const ToolCall& call : d.tool_calls) {
+      calls.push_back({{"index", c.tool_call_index++},
+                       {"id", call.id},
                        {"type", "function"},
-                       {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
-      tool_calls_.push_back(c);
+                       {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+      c.tool_calls.push_back(call);
     }
     delta["tool_calls"] = calls;
   }
   return delta;
 }
 
-nlohmann::json GenerationResponse::logprobs_entry(const SampledToken& t) const {
+nlohmann::json GenerationResponse::logprobs_entry(const Choice& c, const SampledToken& t) const {
   // The token's own bytes, not those of its repaired text: a token holding part of a UTF-8 character
   // shows as U+FFFD, and the bytes are what lets a client put the character back together.
-  auto bytes = [this](int32_t id) {
-    const std::optional<std::string> raw = text_.token_bytes(id);
+  auto bytes = [&c](int32_t id) {
+    const std::optional<std::string> raw = c.text.token_bytes(id);
     if (!raw) return nlohmann::json(nullptr);
     nlohmann::json b = nlohmann::json::array();
-    for (unsigned char c : *raw) b.push_back(static_cast<int>(c));
+    for (unsigned char ch : *raw) b.push_back(static_cast<int>(ch));
     return b;
   };
   nlohmann::json top = nlohmann::json::array();
   for (const TokenLogprob& a : t.top) {
-    top.push_back({{"token", text_.token_text(a.id)}, {"logprob", a.logprob}, {"bytes", bytes(a.id)}});
+    top.push_back({{"token", c.text.token_text(a.id)}, {"logprob", a.logprob}, {"bytes", bytes(a.id)}});
   }
-  return {{"token", text_.token_text(t.id)},
+  return {{"token", c.text.token_text(t.id)},
           {"logprob", t.logprob},
           {"bytes", bytes(t.id)},
           {"top_logprobs", top}};
@@ -112,27 +139,45 @@ nlohmann::json GenerationResponse::chunk(nlohmann::json choice) const {
   return c;
 }
 
+int64_t GenerationResponse::prompt_tokens() const {
+  // The n choices of a prompt read it once.
+  int64_t sum = 0;
+  for (size_t i = 0; i < choices_.size(); i += static_cast<size_t>(n_)) {
+    sum += static_cast<int64_t>(choices_[i].prompt.size());
+  }
+  return sum;
+}
+
+int64_t GenerationResponse::completion_tokens() const {
+  int64_t sum = 0;
+  for (const Choice& c : choices_) sum += static_cast<int64_t>(c.ids.size());
+  return sum;
+}
+
 nlohmann::json GenerationResponse::usage() const {
   return {{"prompt_tokens", prompt_tokens()},
           {"completion_tokens", completion_tokens()},
           {"total_tokens", prompt_tokens() + completion_tokens()}};
 }
 
-std::vector<nlohmann::json> GenerationResponse::push(const SeqOutput& out) {
+std::vector<nlohmann::json> GenerationResponse::push(int index, const SeqOutput& out) {
+  HLM_CHECK(index >= 0 && index < choices(), "an output for choice {} of a response with {}", index,
+            choices());
+  Choice& c = choices_[index];
   std::vector<nlohmann::json> chunks;
-  if (done()) return chunks;
+  if (done(index)) return chunks;
   std::string text;
   nlohmann::json lp = nullptr;
   if (out.token) {
-    ids_.push_back(out.token->id);
+    c.ids.push_back(out.token->id);
     // OpenAI's text_offset: where the token's text starts in the returned text, in characters. Text
     // held back (part of a character, a possible stop string) counts: it is released later, in front.
-    const int64_t offset = text_.decoded_chars();
-    text = text_.push(out.token->id, out.stop_token);
+    const int64_t offset = c.text.decoded_chars();
+    text = c.text.push(out.token->id, out.stop_token);
     if (want_logprobs_) {
-      const nlohmann::json e = logprobs_entry(*out.token);
+      const nlohmann::json e = logprobs_entry(c, *out.token);
       if (endpoint_ == Endpoint::kChat) {
-        logprobs_.push_back(e);
+        c.logprobs.push_back(e);
         lp = {{"content", nlohmann::json::array({e})}};
       } else {
         nlohmann::json top = nlohmann::json::object();
@@ -140,10 +185,10 @@ std::vector<nlohmann::json> GenerationResponse::push(const SeqOutput& out) {
         for (const nlohmann::json& a : e["top_logprobs"]) {
           if (!top.contains(a["token"].get<std::string>())) top[a["token"].get<std::string>()] = a["logprob"];
         }
-        logprobs_["tokens"].push_back(e["token"]);
-        logprobs_["token_logprobs"].push_back(e["logprob"]);
-        logprobs_["top_logprobs"].push_back(top);
-        logprobs_["text_offset"].push_back(offset);
+        c.logprobs["tokens"].push_back(e["token"]);
+        c.logprobs["token_logprobs"].push_back(e["logprob"]);
+        c.logprobs["top_logprobs"].push_back(top);
+        c.logprobs["text_offset"].push_back(offset);
         lp = {{"tokens", {e["token"]}},
               {"token_logprobs", {e["logprob"]}},
               {"top_logprobs", {top}},
@@ -151,20 +196,20 @@ std::vector<nlohmann::json> GenerationResponse::push(const SeqOutput& out) {
       }
     }
   }
-  const bool final = out.finish != FinishReason::kNone || text_.stopped();
-  if (final) text += text_.finish();
-  nlohmann::json delta = delta_from_text(text, final);
-  if (final) end(out.finish);
+  const bool final = out.finish != FinishReason::kNone || c.text.stopped();
+  if (final) text += c.text.finish();
+  nlohmann::json delta = delta_from_text(c, text, final);
+  if (final) end(c, out.finish);
   if (!stream_) return chunks;
 
-  nlohmann::json choice = {{"index", 0}, {"logprobs", lp}, {"finish_reason", nullptr}};
-  if (final) choice["finish_reason"] = *finish_reason_;
+  nlohmann::json choice = {{"index", index}, {"logprobs", lp}, {"finish_reason", nullptr}};
+  if (final) choice["finish_reason"] = *c.finish_reason;
   if (return_token_ids_ && out.token) choice["token_ids"] = {out.token->id};
   if (endpoint_ == Endpoint::kChat) {
-    if (!sent_role_) {
+    if (!c.sent_role) {
       delta["role"] = "assistant";
       if (!delta.contains("content")) delta["content"] = "";
-      sent_role_ = true;
+      c.sent_role = true;
     }
     choice["delta"] = delta;
   } else {
@@ -187,38 +232,46 @@ std::vector<nlohmann::json> GenerationResponse::finish_chunks() {
   return chunks;
 }
 
-nlohmann::json GenerationResponse::result() {
-  nlohmann::json choice = {{"index", 0}, {"finish_reason", finish_reason()}};
+nlohmann::json GenerationResponse::choice_result(int index) {
+  const Choice& c = choices_[index];
+  nlohmann::json choice = {{"index", index}, {"finish_reason", c.finish_reason.value_or("")}};
   nlohmann::json lp = nullptr;
-  if (want_logprobs_) lp = endpoint_ == Endpoint::kChat ? nlohmann::json{{"content", logprobs_}} : logprobs_;
+  if (want_logprobs_)
+    lp = endpoint_ == Endpoint::kChat ? nlohmann::json{{"content", c.logprobs}} : c.logprobs;
   choice["logprobs"] = lp;
   if (endpoint_ == Endpoint::kChat) {
-    nlohmann::json message = {{"role", "assistant"}, {"content", content_}};
-    if (!reasoning_.empty()) message["reasoning_content"] = reasoning_;
-    if (!tool_calls_.empty()) {
+    nlohmann::json message = {{"role", "assistant"}, {"content", c.content}};
+    if (!c.reasoning.empty()) message["reasoning_content"] = c.reasoning;
+    if (!c.tool_calls.empty()) {
       nlohmann::json calls = nlohmann::json::array();
-      for (const ToolCall& c : tool_calls_) {
-        calls.push_back({{"id", c.id},
+      for (const ToolCall& call : c.tool_calls) {
+        calls.push_back({{"id", call.id},
                          {"type", "function"},
-                         {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+                         {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
       }
       message["tool_calls"] = calls;
       // OpenAI sends null content when the turn is only tool calls.
-      if (content_.empty()) message["content"] = nullptr;
+      if (c.content.empty()) message["content"] = nullptr;
     }
     choice["message"] = message;
   } else {
-    choice["text"] = content_;
+    choice["text"] = c.content;
   }
   if (return_token_ids_) {
-    choice["prompt_token_ids"] = prompt_;
-    choice["token_ids"] = ids_;
+    choice["prompt_token_ids"] = c.prompt;
+    choice["token_ids"] = c.ids;
   }
+  return choice;
+}
+
+nlohmann::json GenerationResponse::result() {
+  nlohmann::json choices = nlohmann::json::array();
+  for (int c = 0; c < this->choices(); ++c) choices.push_back(choice_result(c));
   return {{"id", id_},
           {"object", endpoint_ == Endpoint::kChat ? "chat.completion" : "text_completion"},
           {"created", created_},
           {"model", model_},
-          {"choices", nlohmann::json::array({choice})},
+          {"choices", std::move(choices)},
           {"usage", usage()}};
 }
 

@@ -1,8 +1,9 @@
 // GenerationResponse: one request's answer in the OpenAI shapes, built from the engine's token outputs.
 // The same object serves streaming (each push() returns the SSE chunks to send) and non-streaming
-// (result() once done). It owns the text pipeline: TextOutput (detokenization, stop strings), then for
-// chat the OutputParser (content / reasoning_content / tool_calls), and it gathers usage, finish reason,
-// log-probabilities and, on request, token ids.
+// (result() once done). Each choice (one engine sequence; several for n > 1 or a batch of prompts) owns
+// its text pipeline: TextOutput (detokenization, stop strings), then for chat the OutputParser (content /
+// reasoning_content / tool_calls), and gathers its finish reason, log-probabilities and, on request,
+// token ids; usage adds the choices up, each prompt counted once.
 #pragma once
 
 #include <cstdint>
@@ -24,51 +25,62 @@ class GenerationResponse {
   GenerationResponse(const GenerationRequest& request, const ServingContext& ctx, std::string id,
                      int64_t created);
 
-  // Streaming chunks this output produces (none when nothing is ready to send).
-  std::vector<nlohmann::json> push(const SeqOutput& output);
-  // Streaming: the last chunks (held-back text, finish reason, usage when asked).
+  int choices() const { return static_cast<int>(choices_.size()); }
+  // Streaming chunks this output of choice `c` produces (none when nothing is ready to send).
+  std::vector<nlohmann::json> push(int c, const SeqOutput& output);
+  // Streaming: the last chunks (usage when asked), once every choice is done.
   std::vector<nlohmann::json> finish_chunks();
 
-  // Ended: the engine finished the sequence or a stop string matched (then the caller cancels it).
-  bool done() const { return finish_reason_.has_value(); }
-  bool stopped_by_text() const { return text_.stopped(); }
+  // Ended: the engine finished the choice's sequence or a stop string matched (then the caller cancels it).
+  bool done(int c) const { return choices_[c].finish_reason.has_value(); }
+  bool done() const;
+  bool stopped_by_text(int c) const { return choices_[c].text.stopped(); }
   // Non-streaming: the whole response (call once done()).
   nlohmann::json result();
 
-  int64_t prompt_tokens() const { return static_cast<int64_t>(prompt_.size()); }
-  int64_t completion_tokens() const { return static_cast<int64_t>(ids_.size()); }
-  const std::string& finish_reason() const;
+  int64_t prompt_tokens() const;
+  int64_t completion_tokens() const;
+  // The choice's finish reason ("" while it runs).
+  const std::string& finish_reason(int c) const;
+  // The choices' finish reasons, ", "-joined where they differ (for the request's log line).
+  std::string finish_reason() const;
   const std::string& id() const { return id_; }
 
  private:
-  // Text released by `text` through the parser (chat) into the delta fields.
-  nlohmann::json delta_from_text(const std::string& text, bool final);
-  nlohmann::json logprobs_entry(const SampledToken& t) const;
+  struct Choice {
+    Choice(const ServingContext& ctx, const GenerationRequest& r, const SeqRequest& seq);
+    std::vector<int32_t> prompt;
+    TextOutput text;
+    std::optional<OutputParser> parser;
+    bool sent_role = false;
+    std::vector<int32_t> ids;
+    std::optional<std::string> finish_reason;
+    // Non-streaming accumulation.
+    std::string content;
+    std::string reasoning;
+    std::vector<ToolCall> tool_calls;
+    nlohmann::json logprobs = nlohmann::json::array();
+    int tool_call_index = 0;
+  };
+
+  // Text released by `text` through the choice's parser (chat) into the delta fields.
+  nlohmann::json delta_from_text(Choice& c, const std::string& text, bool final);
+  nlohmann::json logprobs_entry(const Choice& c, const SampledToken& t) const;
   nlohmann::json chunk(nlohmann::json choice) const;
   nlohmann::json usage() const;
-  void end(FinishReason reason);
+  nlohmann::json choice_result(int index);
+  void end(Choice& c, FinishReason reason);
 
   Endpoint endpoint_;
   bool stream_;
   bool include_usage_;
   bool return_token_ids_;
   bool want_logprobs_;
+  int64_t n_;
   std::string id_;
   int64_t created_;
   std::string model_;
-  std::vector<int32_t> prompt_;
-  TextOutput text_;
-  std::optional<OutputParser> parser_;
-  bool sent_role_ = false;
-
-  std::vector<int32_t> ids_;
-  std::optional<std::string> finish_reason_;
-  // Non-streaming accumulation.
-  std::string content_;
-  std::string reasoning_;
-  std::vector<ToolCall> tool_calls_;
-  nlohmann::json logprobs_ = nlohmann::json::array();
-  int tool_call_index_ = 0;
+  std::vector<Choice> choices_;
 };
 
 // SSE framing: "data: {json}\n\n"; invalid UTF-8 in model text is replaced, never thrown on.

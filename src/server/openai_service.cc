@@ -86,10 +86,9 @@ void OpenAiService::generate(const httplib::Request& req, const GenerationReques
   // check).
   std::optional<ClientConnection> client;
   if (!request.stream) client.emplace(req);
-  std::shared_ptr<RequestChannel> channel = loop_.submit(request.seq);
-  const int64_t id = channel->id();
+  std::shared_ptr<RequestChannel> channel = loop_.submit(request.choices);
   auto writer = std::make_shared<ResponseWriter>(
-      channel, std::move(response), arrival, [this, id] { loop_.cancel(id); }, metrics_);
+      channel, std::move(response), arrival, [this](int64_t id) { loop_.cancel(id); }, metrics_);
   if (!request.stream) {
     const OpenResponse open(open_responses_);
     const std::optional<CompleteResponse> whole = writer->complete([&client] { return client->closed(); });

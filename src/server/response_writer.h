@@ -3,8 +3,10 @@
 // outputs, turns them into SSE chunks and checks that the client is still there, so a disconnect cancels
 // the sequence within one poll. A non-streaming answer is built by complete(), which waits on the
 // handler's thread until the response is whole, so it goes out with its true status and a
-// Content-Length, and polls the client's connection meanwhile. The writer also times the request (TTFT,
-// inter-token latency) for the metrics and writes the request's log line at the end.
+// Content-Length, and polls the client's connection meanwhile. A request of several choices (n > 1, a
+// batch of prompts) is one response whose chunks carry each choice's index; a choice's stop string cancels
+// only its sequence, a departed client or a failure all of them. The writer also times the request (TTFT,
+// inter-token latency within each choice) for the metrics and writes the request's log line at the end.
 #pragma once
 
 #include <httplib.h>
@@ -13,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "server/engine_loop.h"
 #include "server/metrics.h"
@@ -28,9 +31,10 @@ struct CompleteResponse {
 
 class ResponseWriter {
  public:
-  // cancel: ends the request's sequence in the engine (the client left, or a stop string matched).
+  // cancel: ends one of the request's sequences (an id of the channel's) in the engine: the client left,
+  // or a stop string matched.
   ResponseWriter(std::shared_ptr<RequestChannel> channel, GenerationResponse response,
-                 Clock::time_point arrival, std::function<void()> cancel, Metrics& metrics);
+                 Clock::time_point arrival, std::function<void(int64_t)> cancel, Metrics& metrics);
 
   // Streaming: one turn of the content provider; false ends the response (client gone).
   bool pump(httplib::DataSink& sink);
@@ -45,15 +49,20 @@ class ResponseWriter {
   // Feeds the engine outputs to the response; returns the SSE chunks they make (none when not streaming).
   std::string take(const std::vector<TimedOutput>& outputs);
   void observe(const TimedOutput& t);
-  void finish_log(const std::string& finish_reason);
+  // Cancels the sequences of every choice not yet done.
+  void cancel_open();
+  // The request's metrics and log line; `reason` overrides the choices' own finish reasons ("error",
+  // "abort").
+  void finish_log(const std::optional<std::string>& reason);
 
   std::shared_ptr<RequestChannel> channel_;
   GenerationResponse response_;
   Clock::time_point arrival_;
-  std::function<void()> cancel_;
+  std::function<void(int64_t)> cancel_;
   Metrics& metrics_;
   Clock::time_point first_{};
   Clock::time_point last_{};
+  std::vector<std::optional<Clock::time_point>> last_of_;  // each choice's last token
   int64_t tokens_ = 0;
   bool ended_ = false;  // the response was written completely
 };

@@ -82,6 +82,42 @@ class Completions(unittest.TestCase):
         self.assertEqual(sample(7), sample(7))
         self.assertNotEqual(sample(7), sample(8))
 
+    def test_n_choices_for_each_prompt_of_a_batch(self):
+        prompts = [PROMPT, [9, 8, 7]]
+        alone = [token_ids(CLIENT.completions.create(model=NAME, prompt=p, max_tokens=6, **GREEDY).choices[0])
+                 for p in prompts]
+        r = CLIENT.completions.create(model=NAME, prompt=prompts, n=2, max_tokens=6, **GREEDY)
+        # Choice i·n + j is prompt i's j-th; greedy choices of one prompt are its answer alone.
+        self.assertEqual([c.index for c in r.choices], [0, 1, 2, 3])
+        self.assertEqual([token_ids(c) for c in r.choices], [alone[0], alone[0], alone[1], alone[1]])
+        self.assertEqual([c.model_extra["prompt_token_ids"] for c in r.choices], [PROMPT, PROMPT, [9, 8, 7], [9, 8, 7]])
+        self.assertEqual((r.usage.prompt_tokens, r.usage.completion_tokens), (8, 24))
+        chunks = list(CLIENT.completions.create(model=NAME, prompt=prompts, n=2, max_tokens=6, stream=True,
+                                                stream_options={"include_usage": True}, **GREEDY))
+        streamed = {i: [] for i in range(4)}
+        finishes = {}
+        for c in chunks[:-1]:
+            choice = c.choices[0]
+            streamed[choice.index] += token_ids(choice)
+            if choice.finish_reason:
+                self.assertNotIn(choice.index, finishes)
+                finishes[choice.index] = choice.finish_reason
+        self.assertEqual(streamed, {i: token_ids(c) for i, c in enumerate(r.choices)})
+        self.assertEqual(finishes, {i: "length" for i in range(4)})
+        self.assertEqual((chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens), (8, 24))
+
+    def test_sampled_choices_differ_and_share_the_seed(self):
+        def sample(n):
+            r = CLIENT.completions.create(model=NAME, prompt=PROMPT, n=n, max_tokens=16, temperature=1.0, seed=7,
+                                          extra_body={"return_token_ids": True, "ignore_eos": True})
+            return [token_ids(c) for c in r.choices]
+
+        three = sample(3)
+        self.assertEqual(three, sample(3))
+        # Choice 0 draws the stream a request of one choice draws; the others streams of their own.
+        self.assertEqual(three[0], sample(1)[0])
+        self.assertEqual(len({tuple(ids) for ids in three}), 3, three)
+
     def test_logprobs_of_greedy_tokens_are_the_best(self):
         r = CLIENT.completions.create(model=NAME, prompt=PROMPT, max_tokens=4, logprobs=3, **GREEDY)
         lp = r.choices[0].logprobs
@@ -98,7 +134,9 @@ class Completions(unittest.TestCase):
 
     def test_refusals_raise_the_clients_errors(self):
         with self.assertRaises(openai.BadRequestError):
-            CLIENT.completions.create(model=NAME, prompt=PROMPT, n=2)
+            CLIENT.completions.create(model=NAME, prompt=PROMPT, n=2, best_of=3)
+        with self.assertRaises(openai.BadRequestError):  # more choices than the server holds at once
+            CLIENT.completions.create(model=NAME, prompt=PROMPT, n=1000)
         with self.assertRaises(openai.NotFoundError):
             CLIENT.completions.create(model="gpt-4", prompt=PROMPT)
 
@@ -142,16 +180,28 @@ class Text(unittest.TestCase):
         stop = text[len(text) // 2:len(text) // 2 + 2]
         expected = full[:full.find(stop)]
         for stream in (False, True):
+            # Each of n choices matches on its own.
             r = CLIENT.completions.create(model=NAME, prompt="Once upon a time", max_tokens=40, stop=[stop],
-                                          stream=stream, **GREEDY)
+                                          stream=stream, n=2, **GREEDY)
             if stream:
                 chunks = [c for c in r if c.choices]
-                got = "".join(c.choices[0].text for c in chunks)
-                finish = chunks[-1].choices[0].finish_reason
+                got = ["".join(c.choices[0].text for c in chunks if c.choices[0].index == i) for i in (0, 1)]
+                finish = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
             else:
-                got, finish = r.choices[0].text, r.choices[0].finish_reason
-            self.assertEqual(got, expected, (stream, stop, full))
-            self.assertEqual(finish, "stop")
+                got, finish = [c.text for c in r.choices], [c.finish_reason for c in r.choices]
+            self.assertEqual(got, [expected, expected], (stream, stop, full))
+            self.assertEqual(finish, ["stop", "stop"])
+
+    def test_chat_choices_stream_as_they_answer_whole(self):
+        one = chat(max_tokens=8, **GREEDY).choices[0].message
+        whole = chat(max_tokens=8, n=2, **GREEDY)
+        self.assertEqual([c.message.content for c in whole.choices], [one.content, one.content])
+        chunks = [c for c in chat(max_tokens=8, n=2, stream=True, **GREEDY) if c.choices]
+        for i in (0, 1):
+            mine = [c.choices[0] for c in chunks if c.choices[0].index == i]
+            self.assertEqual(mine[0].delta.role, "assistant")
+            self.assertEqual("".join(c.delta.content or "" for c in mine), one.content or "")
+            self.assertEqual(mine[-1].finish_reason, "length")
 
     def test_chat_logprobs(self):
         r = chat(max_tokens=3, logprobs=True, top_logprobs=2, **GREEDY)

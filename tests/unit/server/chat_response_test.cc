@@ -21,7 +21,8 @@ class ChatResponseTest : public ::testing::Test {
   GenerationRequest request(bool stream, bool tools) const {
     GenerationRequest r;
     r.endpoint = Endpoint::kChat;
-    r.seq.prompt = {1, 2};
+    r.choices = {SeqRequest{}};
+    r.choices[0].prompt = {1, 2};
     r.stream = stream;
     r.parse_tools = tools;
     return r;
@@ -48,8 +49,8 @@ class ChatResponseTest : public ::testing::Test {
     nlohmann::json deltas = {
         {"content", ""}, {"reasoning_content", ""}, {"tool_calls", nlohmann::json::array()}};
     for (const SeqOutput& o : script(text)) {
-      whole.push(o);
-      for (const nlohmann::json& c : streamed.push(o)) {
+      whole.push(0, o);
+      for (const nlohmann::json& c : streamed.push(0, o)) {
         const nlohmann::json& d = c["choices"][0]["delta"];
         for (const char* f : {"content", "reasoning_content"}) {
           if (d.contains(f)) deltas[f] = deltas[f].get<std::string>() + d[f].get<std::string>();

@@ -42,8 +42,9 @@ class LogprobsTest : public ::testing::Test {
   GenerationRequest request(Endpoint endpoint, std::vector<std::string> stop = {}) const {
     GenerationRequest r;
     r.endpoint = endpoint;
-    r.seq.prompt = {1, 2};
-    r.seq.top_logprobs = 2;
+    r.choices = {SeqRequest{}};
+    r.choices[0].prompt = {1, 2};
+    r.choices[0].top_logprobs = 2;
     r.stop = std::move(stop);
     return r;
   }
@@ -56,7 +57,7 @@ class LogprobsTest : public ::testing::Test {
 TEST_F(LogprobsTest, BytesAreTheTokensOwn) {
   // "é" is C3 A9: each token alone is half a character.
   GenerationResponse g(request(Endpoint::kCompletions), ctx_, "cmpl-1", 1);
-  for (const SeqOutput& o : script("\xC3\xA9")) g.push(o);
+  for (const SeqOutput& o : script("\xC3\xA9")) g.push(0, o);
   const nlohmann::json r = g.result();
   EXPECT_EQ(r["choices"][0]["text"], "\xC3\xA9");
   const nlohmann::json& lp = r["choices"][0]["logprobs"];
@@ -64,7 +65,7 @@ TEST_F(LogprobsTest, BytesAreTheTokensOwn) {
 
   // Chat's entries carry the bytes.
   GenerationResponse c(request(Endpoint::kChat), ctx_, "chatcmpl-1", 1);
-  for (const SeqOutput& o : script("\xC3\xA9")) c.push(o);
+  for (const SeqOutput& o : script("\xC3\xA9")) c.push(0, o);
   const nlohmann::json chat = c.result();
   const nlohmann::json& content = chat["choices"][0]["logprobs"]["content"];
   ASSERT_EQ(content.size(), 2u);
@@ -86,7 +87,7 @@ TEST_F(LogprobsTest, TextOffsetCountsCharactersOfTheReturnedText) {
     std::vector<int64_t> streamed;
     for (const SeqOutput& o : script("a\xC3\xA9\xE4\xB8\x96"
                                      "b")) {
-      for (const nlohmann::json& c : g.push(o)) {
+      for (const nlohmann::json& c : g.push(0, o)) {
         for (const nlohmann::json& x : c["choices"][0]["logprobs"]["text_offset"]) streamed.push_back(x);
       }
     }
@@ -106,7 +107,7 @@ TEST_F(LogprobsTest, TextOffsetCountsCharactersOfTheReturnedText) {
 TEST_F(LogprobsTest, TextOffsetCountsTextHeldForAStopString) {
   // "x" is held (it may begin "xy") until "b" shows it does not; "b" still starts at character 2.
   GenerationResponse g(request(Endpoint::kCompletions, {"xy"}), ctx_, "cmpl-1", 1);
-  for (const SeqOutput& o : script("axb")) g.push(o);
+  for (const SeqOutput& o : script("axb")) g.push(0, o);
   const nlohmann::json r = g.result();
   EXPECT_EQ(r["choices"][0]["text"], "axb");
   EXPECT_EQ(r["choices"][0]["logprobs"]["text_offset"], (std::vector<int64_t>{0, 1, 2}));

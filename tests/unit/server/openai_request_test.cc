@@ -28,30 +28,31 @@ TEST(OpenAiRequest, AcceptedCompletionBecomesTheEngineRequest) {
           "stream_options": {"include_usage": true}, "ignore_eos": true, "n": 1, "frequency_penalty": 0,
           "min_tokens": 0})",
       id_only());
-  EXPECT_EQ(r.seq.prompt, (std::vector<int32_t>{1, 2, 3}));
-  EXPECT_EQ(r.seq.max_new_tokens, 5);
-  EXPECT_FLOAT_EQ(r.seq.sampling.temperature, 0.5f);
-  EXPECT_FLOAT_EQ(r.seq.sampling.top_p, 0.9f);
-  EXPECT_EQ(r.seq.sampling.top_k, 7);
-  EXPECT_EQ(r.seq.sampling.seed, 42u);
-  EXPECT_EQ(r.seq.stop_ids, (std::vector<int32_t>{9}));
-  EXPECT_EQ(r.seq.top_logprobs, 2);
-  EXPECT_FALSE(r.seq.stop_at_eos);
+  EXPECT_EQ(r.choices[0].prompt, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(r.choices[0].max_new_tokens, 5);
+  EXPECT_FLOAT_EQ(r.choices[0].sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r.choices[0].sampling.top_p, 0.9f);
+  EXPECT_EQ(r.choices[0].sampling.top_k, 7);
+  EXPECT_EQ(r.choices[0].sampling.seed, 42u);
+  EXPECT_EQ(r.choices[0].stop_ids, (std::vector<int32_t>{9}));
+  EXPECT_EQ(r.choices[0].top_logprobs, 2);
+  EXPECT_FALSE(r.choices[0].stop_at_eos);
   EXPECT_TRUE(r.stream);
   EXPECT_TRUE(r.include_usage);
 }
 
 TEST(OpenAiRequest, DefaultsFollowOpenAi) {
   const GenerationRequest r = parse_completion_request(R"({"prompt": [[4, 5]]})", id_only());
-  EXPECT_EQ(r.seq.prompt, (std::vector<int32_t>{4, 5}));
-  EXPECT_EQ(r.seq.max_new_tokens, 16);  // the legacy endpoint's default
-  EXPECT_FLOAT_EQ(r.seq.sampling.temperature, 1.0f);
-  EXPECT_EQ(r.seq.sampling.top_k, 0);
-  EXPECT_EQ(r.seq.top_logprobs, -1);
-  EXPECT_TRUE(r.seq.stop_at_eos);
+  EXPECT_EQ(r.choices[0].prompt, (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(r.choices[0].max_new_tokens, 16);  // the legacy endpoint's default
+  EXPECT_FLOAT_EQ(r.choices[0].sampling.temperature, 1.0f);
+  EXPECT_EQ(r.choices[0].sampling.top_k, 0);
+  EXPECT_EQ(r.choices[0].top_logprobs, -1);
+  EXPECT_TRUE(r.choices[0].stop_at_eos);
   EXPECT_FALSE(r.stream);
   // top_k -1 is vLLM's "no limit".
-  EXPECT_EQ(parse_completion_request(R"({"prompt": [4], "top_k": -1})", id_only()).seq.sampling.top_k, 0);
+  EXPECT_EQ(parse_completion_request(R"({"prompt": [4], "top_k": -1})", id_only()).choices[0].sampling.top_k,
+            0);
 }
 
 TEST(OpenAiRequest, WrongFieldsAreRefusedByName) {
@@ -92,6 +93,51 @@ TEST(OpenAiRequest, WrongFieldsAreRefusedByName) {
   };
   for (const auto& [body, status, param] : cases) {
     EXPECT_EQ(verdict(body), std::make_pair(status, param)) << body;
+  }
+}
+
+TEST(OpenAiRequest, ChoicesAreNPerPromptInOpenAisOrder) {
+  ServingContext ctx = id_only();
+  ctx.max_choices = 6;
+  const GenerationRequest r = parse_completion_request(
+      R"({"prompt": [[1, 2], [3, 4, 5, 6]], "n": 3, "seed": 5, "logprobs": 1})", ctx);
+  ASSERT_EQ(r.choices.size(), 6u);
+  EXPECT_EQ(r.n, 3);
+  for (size_t c = 0; c < r.choices.size(); ++c) {
+    const SeqRequest& s = r.choices[c];
+    EXPECT_EQ(s.prompt, c < 3 ? (std::vector<int32_t>{1, 2}) : (std::vector<int32_t>{3, 4, 5, 6})) << c;
+    EXPECT_EQ(s.sampling.seed, 5u);
+    EXPECT_EQ(s.sampler_stream, c);  // the same seed, a stream of its own
+    EXPECT_EQ(s.max_new_tokens, 16);
+    EXPECT_EQ(s.top_logprobs, 1);
+  }
+  // One request may ask for what the server holds at once, no more: a 400, since a retry cannot help.
+  const std::vector<std::tuple<std::string, int, std::string>> cases = {
+      {R"({"prompt": [1], "n": 6})", 200, ""},
+      {R"({"prompt": [1], "n": 7})", 400, "n"},
+      {R"({"prompt": [[1], [2], [3]], "n": 2})", 200, ""},
+      {R"({"prompt": [[1], [2], [3], [4]], "n": 2})", 400, "n"},
+      {R"({"prompt": [[1], [2], [3], [4], [5], [6], [7]]})", 400, "prompt"},
+      {R"({"prompt": [1], "n": 9223372036854775807})", 400, "n"},
+      {R"({"prompt": [1], "n": 0})", 400, "n"},
+      {R"({"prompt": [1], "n": 2, "best_of": 2})", 200, ""},
+      {R"({"prompt": [1], "n": 2, "best_of": 3})", 400, "best_of"},
+      {R"({"prompt": [[1], 2]})", 400, "prompt"},
+      {R"({"prompt": [[1], []]})", 400, "prompt"},
+      {R"({"prompt": [[1], [1, 600]]})", 400, "prompt"},
+      {R"({"prompt": [[1], [1, 2]], "max_tokens": 63})", 400, "max_tokens"},  // the second: 2 + 63 > 64
+  };
+  for (const auto& [body, status, param] : cases) {
+    std::pair<int, std::string> got{200, ""};
+    try {
+      parse_completion_request(body, ctx);
+    } catch (const ApiError& e) {
+      got = {e.status(), e.param()};
+      if (body.find("[1, 2]], \"max") != std::string::npos) {
+        EXPECT_NE(std::string(e.what()).find("'prompt[1]'"), std::string::npos) << e.what();
+      }
+    }
+    EXPECT_EQ(got, std::make_pair(status, param)) << body;
   }
 }
 

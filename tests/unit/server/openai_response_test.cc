@@ -20,7 +20,8 @@ SeqOutput out(int32_t id, FinishReason finish = FinishReason::kNone, bool stop_t
 GenerationRequest request(bool stream) {
   GenerationRequest r;
   r.endpoint = Endpoint::kCompletions;
-  r.seq.prompt = {1, 2, 3};
+  r.choices = {SeqRequest{}};
+  r.choices[0].prompt = {1, 2, 3};
   r.stream = stream;
   r.include_usage = true;
   r.return_token_ids = true;
@@ -34,8 +35,8 @@ TEST(GenerationResponse, StreamAndWholeResponseAgree) {
   std::vector<int32_t> ids;
   std::vector<nlohmann::json> chunks;
   for (const SeqOutput& o : script) {
-    for (auto& c : streamed.push(o)) chunks.push_back(c);
-    EXPECT_TRUE(whole.push(o).empty());
+    for (auto& c : streamed.push(0, o)) chunks.push_back(c);
+    EXPECT_TRUE(whole.push(0, o).empty());
   }
   ASSERT_TRUE(streamed.done());
   ASSERT_TRUE(whole.done());
@@ -64,10 +65,10 @@ TEST(GenerationResponse, StreamAndWholeResponseAgree) {
 
 TEST(GenerationResponse, LengthFinishAndLegacyLogprobs) {
   GenerationRequest req = request(false);
-  req.seq.top_logprobs = 2;
+  req.choices[0].top_logprobs = 2;
   GenerationResponse g(req, id_only(), "cmpl-2", 1);
-  g.push(out(7));
-  g.push(out(9, FinishReason::kLength));
+  g.push(0, out(7));
+  g.push(0, out(9, FinishReason::kLength));
   const nlohmann::json r = g.result();
   EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
   const nlohmann::json& lp = r["choices"][0]["logprobs"];
@@ -79,8 +80,8 @@ TEST(GenerationResponse, LengthFinishAndLegacyLogprobs) {
 
 TEST(GenerationResponse, NothingIsAcceptedAfterTheEnd) {
   GenerationResponse g(request(true), id_only(), "cmpl-3", 1);
-  EXPECT_EQ(g.push(out(4, FinishReason::kLength)).size(), 1u);
-  EXPECT_TRUE(g.push(out(5)).empty());
+  EXPECT_EQ(g.push(0, out(4, FinishReason::kLength)).size(), 1u);
+  EXPECT_TRUE(g.push(0, out(5)).empty());
   EXPECT_EQ(g.completion_tokens(), 1);
 }
 
