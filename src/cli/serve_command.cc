@@ -76,7 +76,8 @@ int run_serve(const ServeArgs& a) {
   SessionOptions so = a.session;
   so.engine.max_batch = a.max_num_seqs;
   so.max_step_tokens = a.max_num_batched_tokens + a.max_num_seqs;
-  so.max_logit_rows = a.max_num_seqs;
+  // A step returns one row of logits per sequence, and the prompt positions of echo requests on top.
+  so.max_logit_rows = a.max_num_seqs + kPromptLogprobRowsPerStep;
   so.engine.num_pages = a.kv_pages;
   // The cache holds --max-model-len tokens per sequence, or the warmup sequence where that is longer
   // (Session sizes it so, and its refusals name whichever it was).

@@ -86,9 +86,42 @@ void Scheduler::admit() {
   }
 }
 
+void Scheduler::score_prompt(Seq& s, const Tensor& logits, int64_t begin) {
+  const std::vector<int32_t>& prompt = s.request.prompt;
+  const auto len = static_cast<int64_t>(prompt.size());
+  // Row j holds the logits after prompt position begin + j: the distribution of position begin + j + 1.
+  for (int64_t j = 0; j < logits.dim(0) && begin + j + 1 < len; ++j) {
+    const Tensor row = logits[j];  // [vocab]
+    if (s.bad_prompt_logits.empty()) {
+      const std::string bad = non_finite_logits(row);
+      if (!bad.empty()) s.bad_prompt_logits = fmt::format("after prompt position {}: {}", begin + j, bad);
+    }
+    s.prompt_logprobs.push_back(token_logprobs(row, prompt[begin + j + 1], s.request.prompt_logprobs));
+  }
+}
+
+SeqOutput Scheduler::emit_scored_prompt(Seq& s) {
+  SeqOutput out;
+  out.id = s.id;
+  if (!s.bad_prompt_logits.empty()) {
+    out.finish = FinishReason::kError;
+    out.error = fmt::format("the logits of its prompt were not finite: {}", s.bad_prompt_logits);
+    return out;
+  }
+  out.finish = FinishReason::kLength;
+  out.prompt_logprobs = std::move(s.prompt_logprobs);
+  return out;
+}
+
 SeqOutput Scheduler::emit(Seq& s, SampledToken token, const std::string& bad_logits) {
   SeqOutput out;
   out.id = s.id;
+  if (!s.bad_prompt_logits.empty()) {
+    out.finish = FinishReason::kError;
+    out.error = fmt::format("the logits of its prompt were not finite: {}", s.bad_prompt_logits);
+    return out;
+  }
+  if (s.generated == 0) out.prompt_logprobs = std::move(s.prompt_logprobs);
   if (token.id < 0) {
     out.finish = FinishReason::kError;
     out.error = fmt::format("step {} of its generation gave non-finite logits{}{}", s.generated + 1,
@@ -114,10 +147,13 @@ SeqOutput Scheduler::emit(Seq& s, SampledToken token, const std::string& bad_log
 std::vector<SeqOutput> Scheduler::step() {
   release_ended();
   std::vector<SeqOutput> outputs;
-  // A request for no tokens ends without touching the engine.
+  // A request for no tokens ends without touching the engine, unless its prompt is to be scored.
   for (auto it = waiting_.begin(); it != waiting_.end();) {
-    if (it->request.max_new_tokens == 0) {
-      outputs.push_back(SeqOutput{it->id, std::nullopt, false, FinishReason::kLength, {}});
+    if (it->request.max_new_tokens == 0 && it->request.prompt_logprobs < 0) {
+      SeqOutput out;
+      out.id = it->id;
+      out.finish = FinishReason::kLength;
+      outputs.push_back(std::move(out));
       it = waiting_.erase(it);
     } else {
       ++it;
@@ -134,12 +170,19 @@ std::vector<SeqOutput> Scheduler::step() {
     members.push_back(&s);
     --budget;
   }
+  std::vector<int64_t> chunk_begin(members.size(), 0);  // where each member's tokens start in its sequence
+  int64_t logprob_rows = kPromptLogprobRowsPerStep;
   for (Seq& s : running_) {
     const auto len = static_cast<int64_t>(s.request.prompt.size());
     if (s.prefilled >= len || budget <= 0) continue;
-    const int64_t n = std::min(budget, len - s.prefilled);
+    const bool scored = s.request.prompt_logprobs >= 0;
+    int64_t n = std::min(budget, len - s.prefilled);
+    if (scored) n = std::min(n, logprob_rows);
+    if (n == 0) continue;
+    if (scored) logprob_rows -= n;
     const auto begin = s.request.prompt.begin() + s.prefilled;
-    plan.entries.push_back(StepEntry{s.id, !s.started, false, std::vector<int32_t>(begin, begin + n)});
+    plan.entries.push_back(StepEntry{s.id, !s.started, scored, std::vector<int32_t>(begin, begin + n)});
+    chunk_begin.push_back(s.prefilled);
     s.started = true;
     s.prefilled += n;
     budget -= n;
@@ -155,17 +198,20 @@ std::vector<SeqOutput> Scheduler::step() {
     return s.prefilled >= static_cast<int64_t>(s.request.prompt.size());
   };
   const bool host = engine_.model().ops().device() == Device::kCpu ||
+                    std::any_of(plan.entries.begin(), plan.entries.end(),
+                                [](const StepEntry& e) { return e.all_logits; }) ||
                     std::any_of(members.begin(), members.end(), [&](const Seq* s) {
                       return wants_token(*s) && s->request.top_logprobs >= 0;
                     });
   std::vector<SampledToken> tokens(members.size());
   std::vector<std::string> bad(members.size());
   if (host) {
-    const std::vector<Tensor> logits = engine_.step(plan);
+    const std::vector<Tensor> logits = engine_.step(plan);  // per entry [1, vocab], or [n, vocab] if scored
     for (size_t i = 0; i < members.size(); ++i) {
       Seq& s = *members[i];
-      if (!wants_token(s)) continue;
-      const Tensor row = logits[i][0];
+      if (plan.entries[i].all_logits) score_prompt(s, logits[i], chunk_begin[i]);
+      if (!wants_token(s) || s.request.max_new_tokens == 0) continue;
+      const Tensor row = logits[i][logits[i].dim(0) - 1];
       bad[i] = non_finite_logits(row);
       const int32_t id = s.sampler.sample(row);
       tokens[i] = s.request.top_logprobs >= 0 && id >= 0 ? token_logprobs(row, id, s.request.top_logprobs)
@@ -181,7 +227,8 @@ std::vector<SeqOutput> Scheduler::step() {
   for (size_t i = 0; i < members.size(); ++i) {
     Seq& s = *members[i];
     if (!wants_token(s)) continue;  // mid-prompt chunk
-    SeqOutput out = emit(s, std::move(tokens[i]), bad[i]);
+    SeqOutput out =
+        s.request.max_new_tokens == 0 ? emit_scored_prompt(s) : emit(s, std::move(tokens[i]), bad[i]);
     if (out.finish != FinishReason::kNone) finished.push_back(s.id);
     outputs.push_back(std::move(out));
   }

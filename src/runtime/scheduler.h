@@ -19,6 +19,11 @@
 
 namespace hlm {
 
+// Prompt positions per step whose logits come back for prompt log-probabilities (a vocabulary of floats
+// each, on the device and on the host): a session that serves them sizes its logits scratch for this many
+// rows more than its sequences.
+inline constexpr int64_t kPromptLogprobRowsPerStep = 64;
+
 struct SchedulerOptions {
   int32_t max_num_seqs = 8;              // running sequences at once (at most the engine's state slots)
   int64_t max_num_batched_tokens = 512;  // tokens per engine step: decode tokens plus prompt chunks
@@ -32,6 +37,10 @@ struct SeqRequest {
   bool stop_at_eos = true;        // end at an end-of-sequence id of the model's config
   std::vector<int32_t> stop_ids;  // further ids that end the sequence (the chat format's, the request's)
   int32_t top_logprobs = -1;      // -1: no log-probabilities; n >= 0: the sampled token's and the n best
+  // -1: none; n >= 0: the log-probability of each prompt token after the first, given the ones before it,
+  // and the n best at its position. Such a prompt is read kPromptLogprobRowsPerStep tokens a step at most,
+  // and may ask for no new tokens (it is then only scored).
+  int32_t prompt_logprobs = -1;
 };
 
 // kError: the sequence failed (its logits were not finite); it ends without a token, the others go on.
@@ -43,6 +52,9 @@ struct SeqOutput {
   bool stop_token = false;            // the token is the eos / stop id that ended the sequence
   FinishReason finish = FinishReason::kNone;
   std::string error;  // with kError
+  // With a sequence's first output, when its request asked: prompt positions 1 .. len-1 in order (a scored
+  // sequence of no new tokens ends with them, kLength and no token).
+  std::vector<SampledToken> prompt_logprobs;
 };
 
 class Scheduler {
@@ -78,10 +90,17 @@ class Scheduler {
     int64_t generated = 0;
     int32_t last = 0;  // last sampled token, fed by the next decode step
     int64_t reserved_pages = 0;
+    std::vector<SampledToken> prompt_logprobs{};  // gathered chunk by chunk until the first token
+    std::string bad_prompt_logits{};              // why a prompt position's logits were not finite
   };
 
   void release_ended();
   void admit();
+  // Log-probabilities of the prompt tokens that the rows of `logits` ([n, vocab], the chunk starting at
+  // prompt position `begin`) predict.
+  void score_prompt(Seq& s, const Tensor& logits, int64_t begin);
+  // The end of a sequence of no new tokens whose prompt was scored.
+  SeqOutput emit_scored_prompt(Seq& s);
   // The sequence's output for the token `token`, or a failure when its id is -1 (non-finite logits;
   // `bad_logits` says what was wrong where the host saw them).
   SeqOutput emit(Seq& s, SampledToken token, const std::string& bad_logits);

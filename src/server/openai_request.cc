@@ -104,8 +104,9 @@ void parse_common(const JsonFields& f, const ServingContext& ctx, GenerationRequ
   if (const nlohmann::json* so = f.find("stream_options")) {
     r.include_usage = JsonFields(*so, f.path("stream_options")).boolean("include_usage").value_or(false);
   }
-  max_tokens = f.integer("max_tokens", 1, kMaxInt);
-  if (auto m = f.integer("max_completion_tokens", 1, kMaxInt)) max_tokens = m;
+  // 0 is for scoring an echoed prompt only (completions with echo); the endpoints check.
+  max_tokens = f.integer("max_tokens", 0, kMaxInt);
+  if (auto m = f.integer("max_completion_tokens", 0, kMaxInt)) max_tokens = m;
 
   SamplingParams& s = seq.sampling;
   // OpenAI's default temperature is 1; greedy is temperature 0.
@@ -151,6 +152,12 @@ void settle_lengths(SeqRequest& seq, std::optional<int64_t> max_tokens, const Se
         "max_tokens");
   }
   seq.max_new_tokens = max_tokens.value_or(ctx.max_model_len - prompt);
+}
+
+// max_tokens 0 asks for no completion: only an echoed prompt with log-probabilities makes that useful.
+void refuse_zero_tokens(const JsonFields& f, std::optional<int64_t> max_tokens, const std::string& what) {
+  if (max_tokens != 0) return;
+  f.fail(f.find("max_completion_tokens") ? "max_completion_tokens" : "max_tokens", what);
 }
 
 // Refuses a request of more choices than the server holds at once, before any prompt is tokenized.
@@ -294,10 +301,13 @@ GenerationRequest parse_completion_request(const std::string& body, const Servin
   SeqRequest seq;
   std::optional<int64_t> max_tokens;
   parse_common(f, ctx, r, seq, max_tokens);
-  if (f.boolean("echo").value_or(false)) f.fail("echo", "false (echo is not supported)");
   if (f.string("suffix")) f.fail("suffix", "absent (suffix is not supported)");
   // Completions: logprobs is the number of alternatives (0 = the sampled token's only).
   seq.top_logprobs = static_cast<int32_t>(f.integer("logprobs", 0, kMaxLogprobs).value_or(-1));
+  r.echo = f.boolean("echo").value_or(false);
+  // Echoed with log-probabilities, the prompt's tokens get theirs too (how evaluation harnesses score text).
+  if (r.echo) seq.prompt_logprobs = seq.top_logprobs;
+  if (!r.echo) refuse_zero_tokens(f, max_tokens, "at least 1 (0 only with echo: the prompt alone, scored)");
   // The legacy endpoint's default is 16 tokens (OpenAI), not "up to the context length".
   if (!max_tokens) max_tokens = 16;
   const nlohmann::json* p = f.find("prompt");
@@ -320,6 +330,7 @@ GenerationRequest parse_chat_request(const std::string& body, const ServingConte
   SeqRequest seq;
   std::optional<int64_t> max_tokens;
   parse_common(f, ctx, r, seq, max_tokens);
+  refuse_zero_tokens(f, max_tokens, "at least 1");
   check_choices(f, ctx, 1, r.n);
   if (f.boolean("logprobs").value_or(false)) {
     seq.top_logprobs = static_cast<int32_t>(f.integer("top_logprobs", 0, kMaxLogprobs).value_or(0));

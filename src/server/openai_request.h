@@ -1,9 +1,9 @@
 // Requests of /v1/completions and /v1/chat/completions, validated into what the engine runs. Every
 // field is read with its type and range checked (json_fields.h); what helixlm does not implement
-// (best_of, penalties, min_p, min_tokens, logit_bias, echo, constrained decoding, tool_choice "required")
-// is refused by name rather than silently ignored. Prompts are tokenized here, and lengths are checked
-// against --max-model-len, so a request the engine would refuse never leaves the HTTP thread. A request
-// becomes one engine sequence per choice: n per prompt, and /v1/completions takes a batch of prompts.
+// (best_of, penalties, min_p, min_tokens, logit_bias, suffix, constrained decoding, tool_choice
+// "required") is refused by name rather than silently ignored. Prompts are tokenized here, and lengths are
+// checked against --max-model-len, so a request the engine would refuse never leaves the HTTP thread. A
+// request becomes one engine sequence per choice: n per prompt, and /v1/completions takes a batch of prompts.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +46,9 @@ struct GenerationRequest {
   std::vector<std::string> stop;
   bool skip_special_tokens = true;
   bool return_token_ids = false;  // vLLM's extension: prompt and output ids in the response
+  // Completions only: the prompt comes back in front of each choice's text (with its tokens'
+  // log-probabilities when logprobs is asked for, the first token's null).
+  bool echo = false;
   // Chat only.
   bool parse_tools = false;  // tools given and tool_choice is not "none"
 };

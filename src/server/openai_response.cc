@@ -4,6 +4,20 @@
 
 namespace hlm {
 
+namespace {
+
+// The legacy format keys alternatives by text, so tokens that decode alike share an entry: the likelier
+// one keeps it.
+nlohmann::json legacy_top(const nlohmann::json& entry) {
+  nlohmann::json top = nlohmann::json::object();
+  for (const nlohmann::json& a : entry["top_logprobs"]) {
+    if (!top.contains(a["token"].get<std::string>())) top[a["token"].get<std::string>()] = a["logprob"];
+  }
+  return top;
+}
+
+}  // namespace
+
 std::string dump_json(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
@@ -34,7 +48,9 @@ GenerationResponse::GenerationResponse(const GenerationRequest& r, const Serving
       include_usage_(r.include_usage),
       return_token_ids_(r.return_token_ids),
       want_logprobs_(!r.choices.empty() && r.choices.front().top_logprobs >= 0),
+      echo_(r.echo),
       n_(r.n),
+      tokenizer_(ctx.tokenizer),
       id_(std::move(id)),
       created_(created),
       model_(ctx.model_name) {
@@ -160,6 +176,48 @@ nlohmann::json GenerationResponse::usage() const {
           {"total_tokens", prompt_tokens() + completion_tokens()}};
 }
 
+void GenerationResponse::add_legacy_logprob(Choice& c, nlohmann::json& lp, const nlohmann::json& token,
+                                            const nlohmann::json& logprob, const nlohmann::json& top,
+                                            int64_t offset) {
+  if (lp.is_null()) {
+    lp = {{"tokens", nlohmann::json::array()},
+          {"token_logprobs", nlohmann::json::array()},
+          {"top_logprobs", nlohmann::json::array()},
+          {"text_offset", nlohmann::json::array()}};
+  }
+  for (nlohmann::json* target : {&lp, &c.logprobs}) {
+    (*target)["tokens"].push_back(token);
+    (*target)["token_logprobs"].push_back(logprob);
+    (*target)["top_logprobs"].push_back(top);
+    (*target)["text_offset"].push_back(offset);
+  }
+}
+
+std::string GenerationResponse::echo_prompt(Choice& c, const SeqOutput& out, nlohmann::json& lp) {
+  // Decoded as the output is (a character split across tokens waits for its end), special tokens kept:
+  // they are part of what was sent.
+  TextOutput prompt_text(tokenizer_, {}, /*skip_special_tokens=*/false);
+  std::string text;
+  const bool scored = want_logprobs_ && endpoint_ == Endpoint::kCompletions;
+  HLM_CHECK(!scored || out.prompt_logprobs.size() + 1 == c.prompt.size(),
+            "echo: {} prompt log-probabilities for a prompt of {} tokens", out.prompt_logprobs.size(),
+            c.prompt.size());
+  for (size_t i = 0; i < c.prompt.size(); ++i) {
+    const int64_t offset = prompt_text.decoded_chars();
+    text += prompt_text.push(c.prompt[i], false);
+    if (!scored) continue;
+    if (i == 0) {
+      add_legacy_logprob(c, lp, c.text.token_text(c.prompt[0]), nullptr, nullptr, offset);
+    } else {
+      const nlohmann::json e = logprobs_entry(c, out.prompt_logprobs[i - 1]);
+      add_legacy_logprob(c, lp, e["token"], e["logprob"], legacy_top(e), offset);
+    }
+  }
+  text += prompt_text.finish();
+  c.offset_base = prompt_text.decoded_chars();
+  return text;
+}
+
 std::vector<nlohmann::json> GenerationResponse::push(int index, const SeqOutput& out) {
   HLM_CHECK(index >= 0 && index < choices(), "an output for choice {} of a response with {}", index,
             choices());
@@ -168,31 +226,24 @@ std::vector<nlohmann::json> GenerationResponse::push(int index, const SeqOutput&
   if (done(index)) return chunks;
   std::string text;
   nlohmann::json lp = nullptr;
+  // The first output (a token, or the end of a choice of no tokens) brings the prompt's log-probabilities.
+  if (echo_ && !c.echoed && out.finish != FinishReason::kError) {
+    c.echoed = true;
+    text = echo_prompt(c, out, lp);
+  }
   if (out.token) {
     c.ids.push_back(out.token->id);
     // OpenAI's text_offset: where the token's text starts in the returned text, in characters. Text
     // held back (part of a character, a possible stop string) counts: it is released later, in front.
-    const int64_t offset = c.text.decoded_chars();
-    text = c.text.push(out.token->id, out.stop_token);
+    const int64_t offset = c.offset_base + c.text.decoded_chars();
+    text += c.text.push(out.token->id, out.stop_token);
     if (want_logprobs_) {
       const nlohmann::json e = logprobs_entry(c, *out.token);
       if (endpoint_ == Endpoint::kChat) {
         c.logprobs.push_back(e);
         lp = {{"content", nlohmann::json::array({e})}};
       } else {
-        nlohmann::json top = nlohmann::json::object();
-        // Keyed by text, so tokens that decode alike share an entry: the likelier one keeps it.
-        for (const nlohmann::json& a : e["top_logprobs"]) {
-          if (!top.contains(a["token"].get<std::string>())) top[a["token"].get<std::string>()] = a["logprob"];
-        }
-        c.logprobs["tokens"].push_back(e["token"]);
-        c.logprobs["token_logprobs"].push_back(e["logprob"]);
-        c.logprobs["top_logprobs"].push_back(top);
-        c.logprobs["text_offset"].push_back(offset);
-        lp = {{"tokens", {e["token"]}},
-              {"token_logprobs", {e["logprob"]}},
-              {"top_logprobs", {top}},
-              {"text_offset", {offset}}};
+        add_legacy_logprob(c, lp, e["token"], e["logprob"], legacy_top(e), offset);
       }
     }
   }

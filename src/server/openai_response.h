@@ -3,7 +3,8 @@
 // (result() once done). Each choice (one engine sequence; several for n > 1 or a batch of prompts) owns
 // its text pipeline: TextOutput (detokenization, stop strings), then for chat the OutputParser (content /
 // reasoning_content / tool_calls), and gathers its finish reason, log-probabilities and, on request,
-// token ids; usage adds the choices up, each prompt counted once.
+// token ids; usage adds the choices up, each prompt counted once. With echo, a choice's text (and its
+// legacy log-probabilities) starts with its prompt's.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +56,8 @@ class GenerationResponse {
     bool sent_role = false;
     std::vector<int32_t> ids;
     std::optional<std::string> finish_reason;
+    bool echoed = false;
+    int64_t offset_base = 0;  // characters in front of the generated text (the echoed prompt)
     // Non-streaming accumulation.
     std::string content;
     std::string reasoning;
@@ -66,6 +69,11 @@ class GenerationResponse {
   // Text released by `text` through the choice's parser (chat) into the delta fields.
   nlohmann::json delta_from_text(Choice& c, const std::string& text, bool final);
   nlohmann::json logprobs_entry(const Choice& c, const SampledToken& t) const;
+  // Appends one token to the legacy (completions) log-probabilities of the choice and of the chunk `lp`.
+  void add_legacy_logprob(Choice& c, nlohmann::json& lp, const nlohmann::json& token,
+                          const nlohmann::json& logprob, const nlohmann::json& top, int64_t offset);
+  // The echoed prompt's text, and its tokens' log-probabilities into `lp` (from the first output).
+  std::string echo_prompt(Choice& c, const SeqOutput& out, nlohmann::json& lp);
   nlohmann::json chunk(nlohmann::json choice) const;
   nlohmann::json usage() const;
   nlohmann::json choice_result(int index);
@@ -76,7 +84,9 @@ class GenerationResponse {
   bool include_usage_;
   bool return_token_ids_;
   bool want_logprobs_;
+  bool echo_;
   int64_t n_;
+  const Tokenizer* tokenizer_;
   std::string id_;
   int64_t created_;
   std::string model_;

@@ -192,6 +192,46 @@ class Text(unittest.TestCase):
             self.assertEqual(got, [expected, expected], (stream, stop, full))
             self.assertEqual(finish, ["stop", "stop"])
 
+    def test_echo_scores_the_prompt_as_generation_scored_it(self):
+        # How evaluation harnesses (lm-eval's local-completions) score text: echo, logprobs, one new token.
+        gen = CLIENT.completions.create(model=NAME, prompt="The cat sat", max_tokens=6, logprobs=1, **GREEDY)
+        ids = token_ids(gen.choices[0])
+        prompt = gen.choices[0].model_extra["prompt_token_ids"]
+        r = CLIENT.completions.create(model=NAME, prompt=[prompt + ids[:5]], max_tokens=1, logprobs=1, echo=True,
+                                      **GREEDY)
+        lp = r.choices[0].logprobs
+        n = len(prompt) + 6
+        self.assertEqual((len(lp.tokens), len(lp.token_logprobs), len(lp.top_logprobs)), (n, n, n))
+        self.assertIsNone(lp.token_logprobs[0])
+        self.assertIsNone(lp.top_logprobs[0])
+        self.assertEqual(lp.text_offset[0], 0)
+        self.assertEqual(lp.text_offset, sorted(lp.text_offset))
+        # The continuation read as prompt has the log-probabilities it had when it was generated, and is greedy.
+        want = gen.choices[0].logprobs.token_logprobs
+        for i in range(6):
+            self.assertAlmostEqual(lp.token_logprobs[len(prompt) + i], want[i], places=3)
+            top = lp.top_logprobs[len(prompt) + i]
+            self.assertEqual(max(top, key=top.get), lp.tokens[len(prompt) + i])
+        self.assertEqual(token_ids(r.choices[0]), ids[5:6])
+        self.assertEqual(r.choices[0].text, "The cat sat" + gen.choices[0].text)
+        self.assertEqual(lp.text_offset[len(prompt)], len("The cat sat"))
+        # Streamed, the prompt's text and entries come with the first chunk.
+        # max_tokens 0: the prompt alone, scored alike.
+        alone = CLIENT.completions.create(model=NAME, prompt=[prompt + ids[:5]], max_tokens=0, logprobs=1, echo=True,
+                                          **GREEDY)
+        self.assertEqual(alone.choices[0].finish_reason, "length")
+        self.assertEqual(alone.usage.completion_tokens, 0)
+        self.assertEqual(alone.choices[0].logprobs.tokens, lp.tokens[:-1])
+        for a, b in zip(alone.choices[0].logprobs.token_logprobs[1:], lp.token_logprobs[1:-1]):
+            self.assertAlmostEqual(a, b, places=5)
+        with self.assertRaises(openai.BadRequestError):  # no tokens and nothing echoed: a mistake
+            CLIENT.completions.create(model=NAME, prompt=PROMPT, max_tokens=0)
+        whole = CLIENT.completions.create(model=NAME, prompt="The cat sat", max_tokens=3, echo=True, **GREEDY)
+        chunks = [c for c in CLIENT.completions.create(model=NAME, prompt="The cat sat", max_tokens=3, echo=True,
+                                                      stream=True, **GREEDY) if c.choices]
+        self.assertTrue(chunks[0].choices[0].text.startswith("The cat sat"))
+        self.assertEqual("".join(c.choices[0].text for c in chunks), whole.choices[0].text)
+
     def test_chat_choices_stream_as_they_answer_whole(self):
         one = chat(max_tokens=8, **GREEDY).choices[0].message
         whole = chat(max_tokens=8, n=2, **GREEDY)

@@ -1,7 +1,8 @@
 // The continuous-batching scheduler on a real tiny model: sequences batched with others (prompts split
 // into chunks between other sequences' decode steps) give the reference's greedy ids; admission waits
 // for a slot and for the pages of a sequence's whole length; cancelled and finished sequences give their
-// slot and pages back at the next step; the token budget bounds every step.
+// slot and pages back at the next step; the token budget bounds every step; prompt log-probabilities are
+// the reference's.
 #include "runtime/scheduler.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@ namespace hlm {
 namespace {
 
 using test::GoldenCase;
+using test::GoldenPrompt;
 using test::Runner;
 
 class SchedulerTest : public ::testing::Test {
@@ -181,6 +183,73 @@ TEST_F(SchedulerTest, LogprobsAreALogSoftmaxWithTheSampledTokenFirstWhenGreedy) 
       EXPECT_GE(o.token->top[0].logprob, o.token->top[1].logprob);
     }
   }
+}
+
+// The 150-token prompt is scored kPromptLogprobRowsPerStep positions a step, beside another sequence's
+// chunks and decode steps; every position's log-probability is the reference's (transformers' logits over
+// the whole prompt at once, DESIGN.md's 1e-3 on a logit, so 2e-3 on a log-softmax).
+TEST_F(SchedulerTest, PromptLogprobsAreTheReferencesAtEveryPosition) {
+  make(EngineOptions{16, 2, 512});
+  Scheduler s(runner_->engine(), SchedulerOptions{2, 128});
+  const GoldenPrompt& golden = golden_.prompts[2];
+  const auto len = static_cast<int64_t>(golden.ids.size());
+  ASSERT_GT(len, 2 * kPromptLogprobRowsPerStep);
+  SeqRequest scored = greedy(2, 3);
+  scored.prompt_logprobs = 2;
+  s.add(0, scored);
+  s.add(1, greedy(1, 3));
+  std::map<int64_t, std::vector<int32_t>> ids;
+  std::vector<SampledToken> prompt_logprobs;
+  int64_t steps = 0;
+  while (s.has_work()) {
+    for (SeqOutput& o : s.step()) {
+      ASSERT_TRUE(o.token) << o.error;
+      if (o.id == 0 && ids[0].empty()) {
+        prompt_logprobs = std::move(o.prompt_logprobs);
+      } else {
+        EXPECT_TRUE(o.prompt_logprobs.empty());  // only the first token of a scored sequence carries them
+      }
+      ids[o.id].push_back(o.token->id);
+    }
+    ++steps;
+  }
+  EXPECT_GE(steps, (len + kPromptLogprobRowsPerStep - 1) / kPromptLogprobRowsPerStep + 2);
+  EXPECT_EQ(ids[0], std::vector<int32_t>(golden.greedy.begin(), golden.greedy.begin() + 3));
+  EXPECT_EQ(ids[1],
+            std::vector<int32_t>(golden_.prompts[1].greedy.begin(), golden_.prompts[1].greedy.begin() + 3));
+  ASSERT_EQ(static_cast<int64_t>(prompt_logprobs.size()), len - 1);
+  for (int64_t i = 0; i + 1 < len; ++i) {
+    const SampledToken& got = prompt_logprobs[i];
+    const SampledToken want = token_logprobs(golden.logits[i], golden.ids[i + 1], 2);
+    EXPECT_EQ(got.id, golden.ids[i + 1]) << "position " << i + 1;
+    EXPECT_NEAR(got.logprob, want.logprob, 2e-3) << "position " << i + 1;
+    ASSERT_EQ(got.top.size(), 2u);
+    EXPECT_EQ(got.top[0].id, want.top[0].id) << "position " << i + 1;
+    EXPECT_NEAR(got.top[0].logprob, want.top[0].logprob, 2e-3) << "position " << i + 1;
+  }
+}
+
+TEST_F(SchedulerTest, APromptIsScoredWithoutNewTokens) {
+  make(EngineOptions{16, 2, 256});
+  Scheduler s(runner_->engine(), SchedulerOptions{2, 64});
+  SeqRequest scored = greedy(1, 0);
+  scored.prompt_logprobs = 0;
+  s.add(3, scored);
+  std::vector<SeqOutput> outs;
+  while (s.has_work()) {
+    for (SeqOutput& o : s.step()) outs.push_back(std::move(o));
+  }
+  ASSERT_EQ(outs.size(), 1u);
+  EXPECT_FALSE(outs[0].token.has_value());
+  EXPECT_EQ(outs[0].finish, FinishReason::kLength);
+  const GoldenPrompt& golden = golden_.prompts[1];
+  ASSERT_EQ(outs[0].prompt_logprobs.size(), golden.ids.size() - 1);
+  for (size_t i = 0; i + 1 < golden.ids.size(); ++i) {
+    EXPECT_NEAR(outs[0].prompt_logprobs[i].logprob,
+                token_logprobs(golden.logits[i], golden.ids[i + 1], 0).logprob, 2e-3);
+  }
+  EXPECT_EQ(s.pages_free(), s.pages_total());
+  EXPECT_EQ(runner_->engine().kv().free_slots(), 2);
 }
 
 TEST_F(SchedulerTest, RefusesSequencesThatCouldNeverRun) {

@@ -77,7 +77,8 @@ TEST(OpenAiRequest, WrongFieldsAreRefusedByName) {
       {R"({"prompt": [1], "min_tokens": 1.5})", 400, "min_tokens"},
       {R"({"prompt": [1], "logit_bias": {"5": 1}})", 400, "logit_bias"},
       {R"({"prompt": [1], "response_format": {"type": "json_object"}})", 400, "response_format.type"},
-      {R"({"prompt": [1], "echo": true})", 400, "echo"},
+      {R"({"prompt": [1], "suffix": "x"})", 400, "suffix"},
+      {R"({"prompt": [1], "echo": 1})", 400, "echo"},
       {R"({"prompt": [1], "logprobs": 21})", 400, "logprobs"},
       {R"({"prompt": [1, "a"]})", 400, "prompt"},
       {R"({"prompt": [[1], [2]]})", 400, "prompt"},
@@ -139,6 +140,21 @@ TEST(OpenAiRequest, ChoicesAreNPerPromptInOpenAisOrder) {
     }
     EXPECT_EQ(got, std::make_pair(status, param)) << body;
   }
+}
+
+TEST(OpenAiRequest, EchoWithLogprobsScoresThePrompt) {
+  const GenerationRequest scored = parse_completion_request(
+      R"({"prompt": [1, 2], "echo": true, "logprobs": 1, "max_tokens": 0})", id_only());
+  EXPECT_TRUE(scored.echo);
+  EXPECT_EQ(scored.choices[0].prompt_logprobs, 1);
+  EXPECT_EQ(scored.choices[0].max_new_tokens, 0);
+  const GenerationRequest text_only =
+      parse_completion_request(R"({"prompt": [1, 2], "echo": true})", id_only());
+  EXPECT_EQ(text_only.choices[0].prompt_logprobs, -1);
+  EXPECT_EQ(
+      parse_completion_request(R"({"prompt": [1, 2], "logprobs": 1})", id_only()).choices[0].prompt_logprobs,
+      -1);
+  EXPECT_EQ(verdict(R"({"prompt": [1], "max_tokens": 0})"), std::make_pair(400, std::string("max_tokens")));
 }
 
 TEST(OpenAiRequest, LengthErrorsGiveBothNumbers) {
