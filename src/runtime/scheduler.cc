@@ -100,20 +100,7 @@ void Scheduler::score_prompt(Seq& s, const Tensor& logits, int64_t begin) {
   }
 }
 
-SeqOutput Scheduler::emit_scored_prompt(Seq& s) {
-  SeqOutput out;
-  out.id = s.id;
-  if (!s.bad_prompt_logits.empty()) {
-    out.finish = FinishReason::kError;
-    out.error = fmt::format("the logits of its prompt were not finite: {}", s.bad_prompt_logits);
-    return out;
-  }
-  out.finish = FinishReason::kLength;
-  out.prompt_logprobs = std::move(s.prompt_logprobs);
-  return out;
-}
-
-SeqOutput Scheduler::emit(Seq& s, SampledToken token, const std::string& bad_logits) {
+SeqOutput Scheduler::emit(Seq& s, std::optional<SampledToken> sampled, const std::string& bad_logits) {
   SeqOutput out;
   out.id = s.id;
   if (!s.bad_prompt_logits.empty()) {
@@ -122,6 +109,11 @@ SeqOutput Scheduler::emit(Seq& s, SampledToken token, const std::string& bad_log
     return out;
   }
   if (s.generated == 0) out.prompt_logprobs = std::move(s.prompt_logprobs);
+  if (!sampled) {  // a scored prompt of no new tokens
+    out.finish = FinishReason::kLength;
+    return out;
+  }
+  SampledToken& token = *sampled;
   if (token.id < 0) {
     out.finish = FinishReason::kError;
     out.error = fmt::format("step {} of its generation gave non-finite logits{}{}", s.generated + 1,
@@ -227,8 +219,10 @@ std::vector<SeqOutput> Scheduler::step() {
   for (size_t i = 0; i < members.size(); ++i) {
     Seq& s = *members[i];
     if (!wants_token(s)) continue;  // mid-prompt chunk
-    SeqOutput out =
-        s.request.max_new_tokens == 0 ? emit_scored_prompt(s) : emit(s, std::move(tokens[i]), bad[i]);
+    // A scored prompt of no new tokens drew none.
+    std::optional<SampledToken> sampled;
+    if (s.request.max_new_tokens > 0) sampled = std::move(tokens[i]);
+    SeqOutput out = emit(s, std::move(sampled), bad[i]);
     if (out.finish != FinishReason::kNone) finished.push_back(s.id);
     outputs.push_back(std::move(out));
   }

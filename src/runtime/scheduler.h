@@ -99,11 +99,10 @@ class Scheduler {
   // Log-probabilities of the prompt tokens that the rows of `logits` ([n, vocab], the chunk starting at
   // prompt position `begin`) predict.
   void score_prompt(Seq& s, const Tensor& logits, int64_t begin);
-  // The end of a sequence of no new tokens whose prompt was scored.
-  SeqOutput emit_scored_prompt(Seq& s);
-  // The sequence's output for the token `token`, or a failure when its id is -1 (non-finite logits;
-  // `bad_logits` says what was wrong where the host saw them).
-  SeqOutput emit(Seq& s, SampledToken token, const std::string& bad_logits);
+  // The sequence's output for the token `sampled` (nullopt: the end of a scored prompt of no new tokens),
+  // or a failure when its id is -1 (non-finite logits; `bad_logits` says what was wrong where the host saw
+  // them) or its prompt's logits were not finite.
+  SeqOutput emit(Seq& s, std::optional<SampledToken> sampled, const std::string& bad_logits);
 
   Engine& engine_;
   SchedulerOptions options_;

@@ -33,6 +33,14 @@ class SchedulerTest : public ::testing::Test {
     r.stop_at_eos = false;
     return r;
   }
+  // Steps until idle; every output, in order.
+  static std::vector<SeqOutput> run_all(Scheduler& s) {
+    std::vector<SeqOutput> outs;
+    while (s.has_work()) {
+      for (SeqOutput& o : s.step()) outs.push_back(std::move(o));
+    }
+    return outs;
+  }
   // Steps until idle; the ids each sequence produced.
   std::map<int64_t, std::vector<int32_t>> drain(Scheduler& s, int64_t* steps = nullptr) {
     std::map<int64_t, std::vector<int32_t>> out;
@@ -155,10 +163,7 @@ TEST_F(SchedulerTest, StopIdsEndASequenceAndAreReported) {
   SeqRequest r = greedy(1, 24);
   r.stop_ids = {ref[3]};
   s.add(0, r);
-  std::vector<SeqOutput> outs;
-  while (s.has_work()) {
-    for (const SeqOutput& o : s.step()) outs.push_back(o);
-  }
+  const std::vector<SeqOutput> outs = run_all(s);
   // The first occurrence of ref[3] ends it (it may appear earlier than index 3).
   const size_t end = std::find(ref.begin(), ref.end(), ref[3]) - ref.begin();
   ASSERT_EQ(outs.size(), end + 1);
@@ -235,10 +240,7 @@ TEST_F(SchedulerTest, APromptIsScoredWithoutNewTokens) {
   SeqRequest scored = greedy(1, 0);
   scored.prompt_logprobs = 0;
   s.add(3, scored);
-  std::vector<SeqOutput> outs;
-  while (s.has_work()) {
-    for (SeqOutput& o : s.step()) outs.push_back(std::move(o));
-  }
+  const std::vector<SeqOutput> outs = run_all(s);
   ASSERT_EQ(outs.size(), 1u);
   EXPECT_FALSE(outs[0].token.has_value());
   EXPECT_EQ(outs[0].finish, FinishReason::kLength);
