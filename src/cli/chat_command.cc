@@ -27,6 +27,7 @@ struct ChatArgs {
   std::string system;
   int64_t max_tokens = 256;
   SamplingParams sampling;
+  LogitsAdjustments adjust;
 };
 
 // Prints what the parser releases; returns the assistant message for the history.
@@ -45,7 +46,7 @@ int run_chat(const ChatArgs& a) {
   check_session_options(a.session);
   HLM_CHECK(a.max_tokens >= 0 && a.max_tokens <= kMaxSeqLen, "-n/--max-tokens must be in [0, {}] (got {})",
             kMaxSeqLen, a.max_tokens);
-  validate(a.sampling);
+  check_sampling_options(a.sampling, a.adjust);
   Session s(a.session, 0);
   if (!s.is_driver()) {
     s.engine().serve();
@@ -74,6 +75,7 @@ int run_chat(const ChatArgs& a) {
               max_len);
     r.max_new_tokens = std::min(a.max_tokens, room);
     r.sampling = a.sampling;
+    r.adjust = a.adjust;
     r.sampler_stream = static_cast<uint64_t>(turn);
     r.stop_ids = chat.stop_ids();
     scheduler.add(turn, std::move(r));
@@ -104,13 +106,7 @@ CommandRunner add_chat_command(CLI::App& app) {
   add_session_options(*cmd, a->session);
   cmd->add_option("--system", a->system, "System prompt");
   cmd->add_option("-n,--max-tokens", a->max_tokens, "Longest answer, in tokens")->capture_default_str();
-  cmd->add_option("--temperature", a->sampling.temperature, "0 = greedy")->capture_default_str();
-  cmd->add_option("--top-k", a->sampling.top_k, "Keep the k most likely tokens (0 = all)")
-      ->capture_default_str();
-  cmd->add_option("--top-p", a->sampling.top_p, "Nucleus sampling threshold")->capture_default_str();
-  cmd->add_option("--seed", a->sampling.seed, "Random seed for sampling")
-      ->check(uint64_validator())
-      ->capture_default_str();
+  add_sampling_options(*cmd, a->sampling, a->adjust);
   return [a] { return run_chat(*a); };
 }
 

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cstring>
 #include <iostream>
+#include <limits>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -22,6 +23,32 @@ CLI::Validator uint64_validator() {
         return fmt::format("'{}' is not an integer in [0, {}]", text, UINT64_MAX);
       },
       "UINT64");
+}
+
+void add_sampling_options(CLI::App& cmd, SamplingParams& sampling, LogitsAdjustments& adjust) {
+  cmd.add_option("--temperature", sampling.temperature, "0 = greedy")->capture_default_str();
+  cmd.add_option("--top-k", sampling.top_k, "Keep the k most likely tokens (0 = all)")->capture_default_str();
+  cmd.add_option("--top-p", sampling.top_p, "Nucleus sampling threshold")->capture_default_str();
+  cmd.add_option("--seed", sampling.seed, "Random seed for sampling")
+      ->check(uint64_validator())
+      ->capture_default_str();
+  cmd.add_option("--repetition-penalty", adjust.repetition_penalty,
+                 "Divide positive logits (multiply negative ones) of tokens already in the prompt or output")
+      ->capture_default_str();
+  cmd.add_option("--frequency-penalty", adjust.frequency_penalty,
+                 "Subtract from a token's logit this much per occurrence in the output")
+      ->capture_default_str();
+  cmd.add_option("--presence-penalty", adjust.presence_penalty,
+                 "Subtract from a token's logit this much once it occurs in the output")
+      ->capture_default_str();
+  cmd.add_option("--min-p", adjust.min_p, "Drop tokens less likely than this share of the likeliest")
+      ->capture_default_str();
+}
+
+void check_sampling_options(const SamplingParams& sampling, const LogitsAdjustments& adjust) {
+  validate(sampling);
+  // No logit_bias on the command line: the vocabulary plays no part yet.
+  validate(adjust, std::numeric_limits<int64_t>::max());
 }
 
 CLI::Validator choice_validator(std::vector<std::pair<std::string, int>> choices) {

@@ -52,6 +52,7 @@ int run_generate(const GenerateArgs& a) {
   for (const auto& p : prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
 
   check_session_options(a.session);
+  check_sampling_options(a.gen.sampling, a.gen.adjust);
   HLM_CHECK(a.gen.max_new_tokens >= 0 && a.gen.max_new_tokens <= kMaxSeqLen - longest,
             "-n must be in [0, {}] for a longest prompt of {} tokens (got {})", kMaxSeqLen - longest, longest,
             a.gen.max_new_tokens);
@@ -106,13 +107,7 @@ CommandRunner add_generate_command(CLI::App& app) {
       ->required();
   cmd->add_option("-n,--max-new-tokens", args->gen.max_new_tokens, "Tokens to generate per prompt")
       ->capture_default_str();
-  cmd->add_option("--temperature", args->gen.sampling.temperature, "0 = greedy")->capture_default_str();
-  cmd->add_option("--top-k", args->gen.sampling.top_k, "Keep the k most likely tokens (0 = all)")
-      ->capture_default_str();
-  cmd->add_option("--top-p", args->gen.sampling.top_p, "Nucleus sampling threshold")->capture_default_str();
-  cmd->add_option("--seed", args->gen.sampling.seed, "Random seed for sampling")
-      ->check(uint64_validator())
-      ->capture_default_str();
+  add_sampling_options(*cmd, args->gen.sampling, args->gen.adjust);
   cmd->add_option("--prefill-chunk", args->gen.step_tokens, "Tokens per engine step (prefill chunk size)")
       ->capture_default_str();
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the end-of-sequence token");

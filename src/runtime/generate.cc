@@ -19,6 +19,7 @@ std::vector<Generation> generate(Engine& engine, const std::vector<std::vector<i
     r.prompt = prompts[i];
     r.max_new_tokens = o.max_new_tokens;
     r.sampling = o.sampling;
+    r.adjust = o.adjust;
     r.sampler_stream = i;
     r.stop_at_eos = o.stop_at_eos;
     scheduler.add(static_cast<int64_t>(i), std::move(r));  // its errors name the prompt by its index

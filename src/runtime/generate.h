@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "runtime/engine.h"
+#include "runtime/logits_processor.h"
 #include "runtime/sampler.h"
 
 namespace hlm {
@@ -17,6 +18,7 @@ struct GenerateOptions {
   int64_t step_tokens = 512;  // token budget of one step (prefill chunk size)
   bool stop_at_eos = true;
   SamplingParams sampling;
+  LogitsAdjustments adjust;  // penalties and min_p (logits_processor.h)
   // Called for each token of prompt i as soon as it is sampled, so a front end can stream it.
   std::function<void(size_t i, int32_t token)> on_token;
   // Called once when prompt i stops: finished, or failed (see Generation::error). Not called for the

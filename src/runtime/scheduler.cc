@@ -32,6 +32,7 @@ void Scheduler::add(int64_t id, SeqRequest r) {
   }
   HLM_CHECK(r.max_new_tokens >= 0, "sequence {}: max_new_tokens must be >= 0 (got {})", id, r.max_new_tokens);
   validate(r.sampling);
+  validate(r.adjust, cfg.vocab_size);
   const int64_t len = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens;
   HLM_CHECK(len <= engine_.options().max_seq_len,
             "sequence {}: {} prompt + {} new tokens exceed the {} tokens a sequence may hold", id,
@@ -39,7 +40,13 @@ void Scheduler::add(int64_t id, SeqRequest r) {
   HLM_CHECK(pages_for(len) <= pages_total_, "sequence {}: {} tokens need {} KV pages, the pool has {}", id,
             len, pages_for(len), pages_total_);
   Sampler sampler(r.sampling, r.sampler_stream);
-  waiting_.push_back(Seq{id, std::move(r), std::move(sampler)});
+  // The ids that would end the sequence, which min_tokens holds back.
+  std::vector<int32_t> end_ids = r.stop_ids;
+  if (r.stop_at_eos) {
+    for (int64_t e : cfg.eos_token_ids) end_ids.push_back(static_cast<int32_t>(e));
+  }
+  LogitsProcessor processor(r.adjust, r.prompt, std::move(end_ids));
+  waiting_.push_back(Seq{id, std::move(r), std::move(sampler), std::move(processor)});
 }
 
 void Scheduler::cancel(int64_t id) {
@@ -124,6 +131,7 @@ SeqOutput Scheduler::emit(Seq& s, std::optional<SampledToken> sampled, const std
   out.token = std::move(token);
   s.last = id;
   ++s.generated;
+  s.processor.observe(id);
   const std::vector<int64_t>& eos = engine_.model().config().eos_token_ids;
   const std::vector<int32_t>& stops = s.request.stop_ids;
   out.stop_token = (s.request.stop_at_eos && std::find(eos.begin(), eos.end(), id) != eos.end()) ||
@@ -183,8 +191,9 @@ std::vector<SeqOutput> Scheduler::step() {
   if (plan.entries.empty()) return outputs;
 
   // A device backend samples on the device (only ids come back), unless a member asked for
-  // log-probabilities: then, as on the CPU, the step returns host logits and the same draws are made on the
-  // host (ops/cpu/sampling.cc), with the guard's account of non-finite rows. A mid-prompt chunk gets no
+  // log-probabilities, a scored prompt, or adjusted logits (penalties, logit_bias, min_p, min_tokens): then,
+  // as on the CPU, the step returns host logits and the same draws are made on the host
+  // (ops/cpu/sampling.cc), with the guard's account of non-finite rows. A mid-prompt chunk gets no
   // draw, so its sequence's random counter does not advance.
   auto wants_token = [](const Seq& s) {
     return s.prefilled >= static_cast<int64_t>(s.request.prompt.size());
@@ -193,7 +202,7 @@ std::vector<SeqOutput> Scheduler::step() {
                     std::any_of(plan.entries.begin(), plan.entries.end(),
                                 [](const StepEntry& e) { return e.all_logits; }) ||
                     std::any_of(members.begin(), members.end(), [&](const Seq* s) {
-                      return wants_token(*s) && s->request.top_logprobs >= 0;
+                      return wants_token(*s) && (s->request.top_logprobs >= 0 || s->processor.needed());
                     });
   std::vector<SampledToken> tokens(members.size());
   std::vector<std::string> bad(members.size());
@@ -205,7 +214,14 @@ std::vector<SeqOutput> Scheduler::step() {
       if (!wants_token(s) || s.request.max_new_tokens == 0) continue;
       const Tensor row = logits[i][logits[i].dim(0) - 1];
       bad[i] = non_finite_logits(row);
-      const int32_t id = s.sampler.sample(row);
+      int32_t id = -1;
+      if (s.processor.needed() && bad[i].empty()) {
+        Tensor adjusted = row.clone();  // [vocab]; the log-probabilities below stay the raw row's
+        s.processor.apply(adjusted.data<float>(), adjusted.numel(), s.request.sampling.temperature);
+        id = s.sampler.sample(adjusted);
+      } else {
+        id = s.sampler.sample(row);
+      }
       tokens[i] = s.request.top_logprobs >= 0 && id >= 0 ? token_logprobs(row, id, s.request.top_logprobs)
                                                          : SampledToken{id, 0.0f, {}};
     }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "runtime/engine.h"
+#include "runtime/logits_processor.h"
 #include "runtime/logprobs.h"
 #include "runtime/sampler.h"
 
@@ -33,6 +34,7 @@ struct SeqRequest {
   std::vector<int32_t> prompt;
   int64_t max_new_tokens = 16;
   SamplingParams sampling;
+  LogitsAdjustments adjust;       // penalties, logit_bias, min_p, min_tokens: applied on the host
   uint64_t sampler_stream = 0;    // picks the sequence's random stream under sampling.seed
   bool stop_at_eos = true;        // end at an end-of-sequence id of the model's config
   std::vector<int32_t> stop_ids;  // further ids that end the sequence (the chat format's, the request's)
@@ -85,6 +87,7 @@ class Scheduler {
     int64_t id = 0;
     SeqRequest request;
     Sampler sampler;
+    LogitsProcessor processor;
     int64_t prefilled = 0;  // prompt tokens sent to the engine
     bool started = false;   // the engine holds a slot for it
     int64_t generated = 0;

@@ -33,20 +33,6 @@ void refuse_unsupported(const JsonFields& f, int64_t n) {
                                   "not supported)",
                                   n));
   }
-  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
-    if (auto v = f.number(key, -2.0, 2.0); v && *v != 0.0) f.fail(key, "0 (penalties are not supported)");
-  }
-  if (auto v = f.number("repetition_penalty", 0.0, 1e9); v && *v != 1.0) {
-    f.fail("repetition_penalty", "1 (penalties are not supported)");
-  }
-  if (auto v = f.number("min_p", 0.0, 1.0); v && *v != 0.0) f.fail("min_p", "0 (min_p is not supported)");
-  // Honouring it needs the end-of-sequence and stop ids masked out of the first min_tokens samplings.
-  if (auto v = f.integer("min_tokens", 0, kMaxInt); v && *v != 0) {
-    f.fail("min_tokens", "0 (min_tokens is not supported)");
-  }
-  if (const nlohmann::json* bias = f.find("logit_bias"); bias && !(bias->is_object() && bias->empty())) {
-    f.fail("logit_bias", "empty (logit_bias is not supported)");
-  }
   if (const nlohmann::json* rf = f.find("response_format")) {
     const JsonFields r(*rf, f.path("response_format"));
     if (auto type = r.string("type"); type && *type != "text") {
@@ -93,6 +79,40 @@ std::vector<std::string> stop_strings(const JsonFields& f) {
   return stop;
 }
 
+// Penalties, logit_bias, min_p and min_tokens (runtime/logits_processor.h), with OpenAI's and vLLM's ranges.
+LogitsAdjustments logits_adjustments(const JsonFields& f, const ServingContext& ctx) {
+  LogitsAdjustments a;
+  a.presence_penalty = static_cast<float>(f.number("presence_penalty", -2.0, 2.0).value_or(0.0));
+  a.frequency_penalty = static_cast<float>(f.number("frequency_penalty", -2.0, 2.0).value_or(0.0));
+  a.repetition_penalty = static_cast<float>(f.number("repetition_penalty", 0.0, 1e4).value_or(1.0));
+  if (a.repetition_penalty <= 0.0f) f.fail("repetition_penalty", "greater than 0 (1: no penalty)");
+  a.min_p = static_cast<float>(f.number("min_p", 0.0, 1.0).value_or(0.0));
+  a.min_tokens = f.integer("min_tokens", 0, kMaxInt).value_or(0);
+  if (const nlohmann::json* bias = f.find("logit_bias"); bias && !bias->is_null()) {
+    if (!bias->is_object()) f.fail("logit_bias", "an object mapping token ids to biases in [-100, 100]");
+    const JsonFields b(*bias, f.path("logit_bias"));
+    for (const auto& [key, value] : bias->items()) {
+      // OpenAI's keys are token ids written as strings.
+      int64_t id = -1;
+      size_t used = 0;
+      try {
+        id = std::stoll(key, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != key.size() || id < 0 || id >= ctx.vocab_size) {
+        throw ApiError(400,
+                       fmt::format("'{}' has the key \"{}\", which is not a token id in [0, {})",
+                                   f.path("logit_bias"), key, ctx.vocab_size),
+                       "logit_bias");
+      }
+      const auto v = b.number(key, -100.0, 100.0);
+      a.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(*v));
+    }
+  }
+  return a;
+}
+
 // Fields shared by both endpoints, into r and the sequence every choice starts from; max_new_tokens is
 // settled once the prompt length is known.
 void parse_common(const JsonFields& f, const ServingContext& ctx, GenerationRequest& r, SeqRequest& seq,
@@ -126,6 +146,7 @@ void parse_common(const JsonFields& f, const ServingContext& ctx, GenerationRequ
     f.fail("stop", "absent: the model has no tokenizer, so there is no text to match");
   seq.stop_ids = int_array(f, "stop_token_ids", ctx.vocab_size);
   seq.stop_at_eos = !f.boolean("ignore_eos").value_or(false);
+  seq.adjust = logits_adjustments(f, ctx);
   r.skip_special_tokens = f.boolean("skip_special_tokens").value_or(true);
   r.return_token_ids = f.boolean("return_token_ids").value_or(false);
 }
@@ -152,6 +173,12 @@ void settle_lengths(SeqRequest& seq, std::optional<int64_t> max_tokens, const Se
         "max_tokens");
   }
   seq.max_new_tokens = max_tokens.value_or(ctx.max_model_len - prompt);
+  if (seq.adjust.min_tokens > seq.max_new_tokens) {
+    throw ApiError(400,
+                   fmt::format("'min_tokens' ({}) must not exceed the tokens the completion may have ({})",
+                               seq.adjust.min_tokens, seq.max_new_tokens),
+                   "min_tokens");
+  }
 }
 
 // max_tokens 0 asks for no completion: only an echoed prompt with log-probabilities makes that useful.

@@ -143,6 +143,20 @@ TEST(Cli, SamplingIsReproducibleWithASeed) {
   EXPECT_NE(a.out, c.out);
 }
 
+// Penalties reach the draws (a repetition penalty of 5 changes the tiny model's greedy continuation) and
+// keep them reproducible under a seed.
+TEST(Cli, PenaltiesChangeTheContinuationReproducibly) {
+  const std::string cmd =
+      fmt::format("{} generate -m {} --prompt-ids 5,17,300 -n 12 --ignore-eos", kBin, kTiny);
+  const Result plain = run(cmd), penalized = run(cmd + " --repetition-penalty 5");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  ASSERT_EQ(penalized.code, 0) << penalized.err;
+  EXPECT_NE(plain.out, penalized.out);
+  const std::string sampled =
+      cmd + " --temperature 1 --seed 4 --frequency-penalty 1 --presence-penalty 0.5 --min-p 0.1";
+  EXPECT_EQ(run(sampled).out, run(sampled).out);
+}
+
 TEST(Cli, LogitsWritesEveryPositionThroughPrefillAndDecode) {
   const auto p = golden(kTiny)["prompts"][1];
   auto ids = p["ids"].get<std::vector<int32_t>>();
@@ -810,6 +824,8 @@ TEST(Cli, CommandLineMistakesNameTheOption) {
       {gen + "--cp -1", "--tp and --cp must be at least 1 (got --tp 1 --cp -1)"},
       {"chat -m " + kTiny + " -n -1 </dev/null", "-n/--max-tokens must be in [0, 2147483647] (got -1)"},
       {"chat -m " + kTiny + " --top-p 0 </dev/null", "--top-p must be in (0, 1]"},
+      {gen + "--min-p 2", "--min-p must be in [0, 1] (got 2)"},
+      {"chat -m " + kTiny + " --repetition-penalty 0 </dev/null", "--repetition-penalty must be > 0 (got 0)"},
       {"bogus", "unknown command 'bogus'; the commands are generate, logits, inspect, plan, bench"},
       {"--bogus", "unknown option '--bogus'; the commands are generate"},
       {"", "a command is required: one of generate, logits"},

@@ -118,6 +118,29 @@ class Completions(unittest.TestCase):
         self.assertEqual(three[0], sample(1)[0])
         self.assertEqual(len({tuple(ids) for ids in three}), 3, three)
 
+    def test_logit_bias_and_penalties_steer_the_draws(self):
+        ref = token_ids(CLIENT.completions.create(model=NAME, prompt=PROMPT, max_tokens=6, **GREEDY).choices[0])
+        forced = 8 if ref[0] == 7 else 7
+        r = CLIENT.completions.create(model=NAME, prompt=PROMPT, max_tokens=6, logit_bias={str(forced): 100},
+                                      frequency_penalty=2.0, logprobs=0, **GREEDY)
+        ids = token_ids(r.choices[0])
+        self.assertEqual(ids[0], forced)
+        # Log-probabilities are the raw logits': the forced token was not the model's choice.
+        self.assertLess(r.choices[0].logprobs.token_logprobs[0], 0.0)
+        # Penalties and min_p sample on the host; with a seed they are as reproducible as any draw.
+        def sampled():
+            return token_ids(CLIENT.completions.create(
+                model=NAME, prompt=PROMPT, max_tokens=12, temperature=1.0, seed=3, presence_penalty=1.5,
+                extra_body={"repetition_penalty": 1.3, "min_p": 0.05, "ignore_eos": True,
+                            "return_token_ids": True}).choices[0])
+        self.assertEqual(sampled(), sampled())
+        # min_tokens holds back a stop id the model would take at once.
+        r = CLIENT.completions.create(model=NAME, prompt=PROMPT, max_tokens=6, temperature=0,
+                                      extra_body={"stop_token_ids": [ref[0]], "min_tokens": 3,
+                                                  "return_token_ids": True, "ignore_eos": True})
+        self.assertGreaterEqual(r.usage.completion_tokens, 4)
+        self.assertNotIn(ref[0], token_ids(r.choices[0])[:3])
+
     def test_logprobs_of_greedy_tokens_are_the_best(self):
         r = CLIENT.completions.create(model=NAME, prompt=PROMPT, max_tokens=4, logprobs=3, **GREEDY)
         lp = r.choices[0].logprobs

@@ -234,6 +234,32 @@ TEST_F(SchedulerTest, PromptLogprobsAreTheReferencesAtEveryPosition) {
   }
 }
 
+// On the real model: a +100 bias makes a token the greedy choice, a frequency penalty of 200 (beyond the
+// API's range, to dominate any logit) keeps it from coming twice, and min_tokens holds back a stop id the
+// model would take at once.
+TEST_F(SchedulerTest, AdjustedLogitsSteerTheDraws) {
+  make(EngineOptions{16, 2, 256});
+  Scheduler s(runner_->engine(), SchedulerOptions{2, 64});
+  const std::vector<int32_t>& ref = golden_.prompts[1].greedy;
+  const int32_t forced = ref[0] == 7 ? 8 : 7;
+  SeqRequest steered = greedy(1, 6);
+  steered.adjust.logit_bias = {{forced, 100.0f}};
+  steered.adjust.frequency_penalty = 200.0f;
+  s.add(0, steered);
+  SeqRequest held = greedy(1, 6);
+  held.stop_ids = {ref[0]};  // the first greedy token: without min_tokens the sequence would end at once
+  held.adjust.min_tokens = 4;
+  s.add(1, held);
+  std::map<int64_t, std::vector<SeqOutput>> outs;
+  for (SeqOutput& o : run_all(s)) outs[o.id].push_back(std::move(o));
+  ASSERT_EQ(outs[0].size(), 6u);
+  EXPECT_EQ(outs[0][0].token->id, forced);
+  for (size_t i = 1; i < outs[0].size(); ++i) EXPECT_NE(outs[0][i].token->id, forced) << i;
+  ASSERT_GE(outs[1].size(), 5u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_NE(outs[1][i].token->id, ref[0]) << i;
+  EXPECT_EQ(outs[1].back().finish, outs[1].size() == 6 ? FinishReason::kLength : FinishReason::kStop);
+}
+
 TEST_F(SchedulerTest, APromptIsScoredWithoutNewTokens) {
   make(EngineOptions{16, 2, 256});
   Scheduler s(runner_->engine(), SchedulerOptions{2, 64});

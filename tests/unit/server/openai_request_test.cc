@@ -70,12 +70,17 @@ TEST(OpenAiRequest, WrongFieldsAreRefusedByName) {
       {R"({"prompt": [1], "stream_options": {"include_usage": 1}})", 400, "stream_options.include_usage"},
       {R"({"prompt": [1], "n": 3})", 400, "n"},
       {R"({"prompt": [1], "best_of": 2})", 400, "best_of"},
-      {R"({"prompt": [1], "presence_penalty": 1})", 400, "presence_penalty"},
-      {R"({"prompt": [1], "repetition_penalty": 1.1})", 400, "repetition_penalty"},
-      {R"({"prompt": [1], "min_tokens": 4})", 400, "min_tokens"},  // not silently ignored
+      {R"({"prompt": [1], "presence_penalty": 2.5})", 400, "presence_penalty"},
+      {R"({"prompt": [1], "frequency_penalty": "high"})", 400, "frequency_penalty"},
+      {R"({"prompt": [1], "repetition_penalty": 0})", 400, "repetition_penalty"},
+      {R"({"prompt": [1], "min_p": 1.5})", 400, "min_p"},
+      {R"({"prompt": [1], "min_tokens": 17})", 400, "min_tokens"},  // more than max_tokens (16)
       {R"({"prompt": [1], "min_tokens": -1})", 400, "min_tokens"},
       {R"({"prompt": [1], "min_tokens": 1.5})", 400, "min_tokens"},
-      {R"({"prompt": [1], "logit_bias": {"5": 1}})", 400, "logit_bias"},
+      {R"({"prompt": [1], "logit_bias": {"5": 101}})", 400, "logit_bias.5"},
+      {R"({"prompt": [1], "logit_bias": {"x5": 1}})", 400, "logit_bias"},
+      {R"({"prompt": [1], "logit_bias": {"512": 1}})", 400, "logit_bias"},
+      {R"({"prompt": [1], "logit_bias": [5]})", 400, "logit_bias"},
       {R"({"prompt": [1], "response_format": {"type": "json_object"}})", 400, "response_format.type"},
       {R"({"prompt": [1], "suffix": "x"})", 400, "suffix"},
       {R"({"prompt": [1], "echo": 1})", 400, "echo"},
@@ -140,6 +145,25 @@ TEST(OpenAiRequest, ChoicesAreNPerPromptInOpenAisOrder) {
     }
     EXPECT_EQ(got, std::make_pair(status, param)) << body;
   }
+}
+
+TEST(OpenAiRequest, PenaltiesBiasMinPAndMinTokensReachTheSequence) {
+  const GenerationRequest r = parse_completion_request(
+      R"({"prompt": [1], "presence_penalty": 0.5, "frequency_penalty": -1, "repetition_penalty": 1.2,
+          "min_p": 0.05, "min_tokens": 3, "logit_bias": {"7": -100, "300": 2.5}})",
+      id_only());
+  const LogitsAdjustments& a = r.choices[0].adjust;
+  EXPECT_FLOAT_EQ(a.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(a.frequency_penalty, -1.0f);
+  EXPECT_FLOAT_EQ(a.repetition_penalty, 1.2f);
+  EXPECT_FLOAT_EQ(a.min_p, 0.05f);
+  EXPECT_EQ(a.min_tokens, 3);
+  const std::vector<std::pair<int32_t, float>> bias = {{300, 2.5f}, {7, -100.0f}};  // nlohmann's key order
+  EXPECT_EQ(a.logit_bias, bias);
+  EXPECT_FALSE(
+      parse_completion_request(R"({"prompt": [1], "logit_bias": {}, "repetition_penalty": 1})", id_only())
+          .choices[0]
+          .adjust.active());
 }
 
 TEST(OpenAiRequest, EchoWithLogprobsScoresThePrompt) {
