@@ -1,7 +1,8 @@
 // Every fixture end to end through the CUDA backend against the transformers / K3-reference goldens
 // (DESIGN.md "Numerics", issue 7): relative L2 error of each prompt's logits <= 2e-2, through one prefill
 // and through the decode path, and greedy ids equal up to the first position where the reference's top-2
-// margin is below 0.1. Decode steps replayed as CUDA graphs must give what eager decode steps give.
+// margin is below 0.1. Decode steps replayed as CUDA graphs must give what eager decode steps give, and the
+// scheduler's host-logits paths (scored prompts, adjusted logits) work on the device.
 //
 // The loud fixtures (weights with std 0.2, made so that formula errors show in fp32) amplify bf16 rounding:
 // the reference itself run in bf16 lies 0.05-0.26 (relative L2) from its fp32 logits and moves single logits
@@ -22,6 +23,7 @@
 #include "fixtures.h"
 #include "gpu_test_util.h"
 #include "runtime/generate.h"
+#include "runtime/scheduler.h"
 
 namespace hlm::test {
 namespace {
@@ -147,6 +149,50 @@ TEST_P(CudaGolden, GreedyIdsMatchReference) {
     std::cout << "[cuda golden] " << GetParam() << " prompt " << i << ": " << checked << " of "
               << p.greedy.size() << " greedy ids checked (margin >= " << margin_[i] << ")\n";
   }
+}
+
+// The scheduler's host-logits paths on the device: a scored prompt (the server's echo with logprobs) gets
+// the reference's log-probabilities within the prompt's logit bound, position for position, while another
+// sequence decodes beside it through the device sampler; and a +100 logit_bias decides a greedy draw.
+TEST_P(CudaGolden, SchedulerScoresPromptsAndAdjustsLogitsOnTheHost) {
+  auto r = runner(true);
+  Scheduler s(r->engine(), SchedulerOptions{2, 96});
+  const size_t last = golden_.prompts.size() - 1;
+  const GoldenPrompt& p = golden_.prompts[last];
+  SeqRequest scored;
+  scored.prompt = p.ids;
+  scored.max_new_tokens = 1;
+  scored.stop_at_eos = false;
+  scored.prompt_logprobs = 0;
+  s.add(0, scored);
+  SeqRequest steered;
+  steered.prompt = golden_.prompts[0].ids;
+  steered.max_new_tokens = 3;
+  steered.stop_at_eos = false;
+  const int32_t forced = golden_.prompts[0].greedy[0] == 7 ? 8 : 7;
+  steered.adjust.logit_bias = {{forced, 100.0f}};
+  s.add(1, steered);
+  std::vector<SampledToken> got;
+  std::vector<int32_t> steered_ids;
+  while (s.has_work()) {
+    for (SeqOutput& o : s.step()) {
+      ASSERT_TRUE(o.token) << o.error;
+      if (o.id == 0) got = std::move(o.prompt_logprobs);
+      if (o.id == 1) steered_ids.push_back(o.token->id);
+    }
+  }
+  EXPECT_EQ(steered_ids, std::vector<int32_t>(3, forced));
+  ASSERT_EQ(got.size(), p.ids.size() - 1);
+  std::vector<float> ours, reference;
+  for (size_t i = 0; i + 1 < p.ids.size(); ++i) {
+    ASSERT_EQ(got[i].id, p.ids[i + 1]) << "position " << i + 1;
+    ours.push_back(got[i].logprob);
+    reference.push_back(token_logprobs(p.logits[static_cast<int64_t>(i)], p.ids[i + 1], 0).logprob);
+  }
+  const auto n = static_cast<int64_t>(ours.size());
+  const double err = rel_l2(Tensor::from_vector({n}, ours), Tensor::from_vector({n}, reference));
+  report("scheduler prompt log-probabilities", last, err);
+  EXPECT_LE(err, bound_[last]);
 }
 
 TEST_P(CudaGolden, GraphDecodeEqualsEagerDecode) {
