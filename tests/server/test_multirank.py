@@ -1,6 +1,7 @@
 """`helixlm serve` under mpirun: rank 0 serves HTTP and schedules, the other rank executes the broadcast
 step plans; concurrent greedy requests give the same ids as on one rank (Helix cp = 2 splits the KV pages
-of every sequence over the two ranks)."""
+of every sequence over the two ranks), and a scored prompt (echo with logprobs, every position's logits in
+the step) the same log-probabilities."""
 import concurrent.futures
 import unittest
 
@@ -17,8 +18,15 @@ def run_all(server):
         assert status == 200, body
         return body["choices"][0]["token_ids"]
 
-    with concurrent.futures.ThreadPoolExecutor(len(REQUESTS)) as pool:
-        return list(pool.map(one, REQUESTS))
+    def scored():
+        status, body = server.post("/v1/completions", {"prompt": list(range(1, 100)), "max_tokens": 1, "echo": True,
+                                                        "logprobs": 1, "temperature": 0})
+        assert status == 200, body
+        return body["choices"][0]["logprobs"]["token_logprobs"]
+
+    with concurrent.futures.ThreadPoolExecutor(len(REQUESTS) + 1) as pool:
+        scoring = pool.submit(scored)
+        return list(pool.map(one, REQUESTS)), scoring.result()
 
 
 class MultiRank(unittest.TestCase):
@@ -26,9 +34,15 @@ class MultiRank(unittest.TestCase):
         # A 16-token page keeps several pages per sequence, so both CP ranks hold KV.
         args = ("--max-model-len", "256", "--tokens-per-block", "16", "--max-num-batched-tokens", "32")
         with Server(*args) as one:
-            expected = run_all(one)
+            expected, expected_scores = run_all(one)
         with Server(*args, "--cp", "2", ranks=2) as two:
-            self.assertEqual(run_all(two), expected)
+            ids, scores = run_all(two)
+            self.assertEqual(ids, expected)
+            self.assertIsNone(scores[0])
+            self.assertEqual(len(scores), len(expected_scores))
+            for a, b in zip(scores[1:], expected_scores[1:]):
+                # DESIGN.md: multi-rank logits within 1e-4 of one rank, so a log-softmax within 2e-4.
+                self.assertAlmostEqual(a, b, delta=2e-4)
             status, _ = two.get("/v1/models")
             self.assertEqual(status, 200)
 
