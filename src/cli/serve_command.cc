@@ -21,6 +21,7 @@
 #include "server/openai_service.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_files.h"
 #include "weights/model_source.h"
 
 namespace hlm {
@@ -113,7 +114,8 @@ int run_serve(const ServeArgs& a) {
                            s.config().vocab_size,
                            tokenizer ? &*tokenizer : nullptr,
                            chat ? &*chat : nullptr,
-                           static_cast<int64_t>(a.max_num_seqs) + a.max_queued};
+                           static_cast<int64_t>(a.max_num_seqs) + a.max_queued,
+                           tokenizer ? load_jinja_chat_template(dir) : std::nullopt};
   OpenAiService service(ctx, loop, metrics);
 
   std::signal(SIGINT, on_signal);

@@ -238,6 +238,7 @@ void HttpServer::routes() {
   route("POST", "/v1/completions", model_route(&OpenAiService::completions));
   route("POST", "/v1/chat/completions", model_route(&OpenAiService::chat_completions));
   route("POST", "/tokenize", model_route(&OpenAiService::tokenize));
+  route("GET", "/tokenizer_info", model_route(&OpenAiService::tokenizer_info));
   route("POST", "/detokenize", model_route(&OpenAiService::detokenize));
   refuse_other_methods();
 }

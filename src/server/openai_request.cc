@@ -232,7 +232,10 @@ std::vector<std::vector<int32_t>> completion_prompts(const JsonFields& f, const 
           400, "this model has no tokenizer (no tiktoken.model in its directory): give 'prompt' as token ids",
           "prompt");
     }
-    return ctx.tokenizer->encode(text);
+    // The client wrote the whole prompt: special-token strings in it are those tokens (what the Kimi
+    // tokenizer's encode, vLLM and llama-server do). Chat messages are the other case: there a user's
+    // "<|im_end|>" stays text (chat_template.h).
+    return ctx.tokenizer->encode(text, /*allow_special=*/true);
   };
   if (p->is_string()) return {from_text(p->get<std::string>())};
   if (!p->is_array()) f.fail("prompt", "a string, an array of token ids, or an array of either");

@@ -30,6 +30,8 @@ struct ServingContext {
   // at once (--max-num-seqs plus --max-queued-requests), so a request that asks more is a 400, not a 429
   // that no retry can cure.
   int64_t max_choices = 1;
+  // The model's own Jinja chat template, for clients that render chats themselves (/tokenizer_info).
+  std::optional<std::string> jinja_chat_template{};
 };
 
 enum class Endpoint { kCompletions, kChat };

@@ -139,7 +139,8 @@ void OpenAiService::tokenize(const httplib::Request&, const std::string& raw, ht
     std::optional<std::string> text = f.string("content");
     if (!text) text = f.string("prompt");
     if (!text) f.fail("content", "a string (the text to tokenize)");
-    ids = tok.encode(*text, f.boolean("parse_special").value_or(false));
+    // As completion prompts are read (llama-server's default too): special-token strings are those tokens.
+    ids = tok.encode(*text, f.boolean("parse_special").value_or(true));
   }
   nlohmann::json tokens = nlohmann::json::array();
   if (f.boolean("with_pieces").value_or(false)) {
@@ -170,6 +171,22 @@ void OpenAiService::detokenize(const httplib::Request&, const std::string& raw, 
   const std::string text = tok.decode(ids);
   // llama-server answers "content", vLLM "prompt": the same text under both names.
   reply(res, {{"content", text}, {"prompt", text}});
+}
+
+void OpenAiService::tokenizer_info(const httplib::Request&, const std::string&, httplib::Response& res) {
+  const Tokenizer& tok = need_tokenizer(ctx_);
+  auto text = [&tok](std::optional<int32_t> id) {
+    return id ? nlohmann::json(tok.decode({*id})) : nlohmann::json(nullptr);
+  };
+  const nlohmann::json chat_template =
+      ctx_.jinja_chat_template ? nlohmann::json(*ctx_.jinja_chat_template) : nlohmann::json(nullptr);
+  reply(res, {{"tokenizer_class", "TikTokenTokenizer"},
+              {"bos_token", text(tok.bos_id())},
+              {"eos_token", text(tok.eos_id())},
+              {"pad_token", nullptr},
+              {"chat_template", chat_template},
+              {"model_max_length", ctx_.max_model_len},
+              {"vocab_size", tok.vocab_size()}});
 }
 
 }  // namespace hlm

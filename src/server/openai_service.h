@@ -1,7 +1,7 @@
 // OpenAiService: the model-facing endpoints once the model is loaded: /v1/models, /v1/completions,
-// /v1/chat/completions (JSON or SSE), /tokenize, /detokenize. Validation happens on the calling HTTP
-// thread (a bad request is answered there and never reaches the engine); generation goes through the
-// EngineLoop, and a ResponseWriter waits on the request's channel (a stream from httplib's content
+// /v1/chat/completions (JSON or SSE), /tokenize, /detokenize, /tokenizer_info. Validation happens on the
+// calling HTTP thread (a bad request is answered there and never reaches the engine); generation goes through
+// the EngineLoop, and a ResponseWriter waits on the request's channel (a stream from httplib's content
 // provider, a whole answer on the handler's thread), so a client that goes away is noticed within one
 // poll and its sequence is cancelled. At shutdown, wait_responses_written() tells when the last answer
 // has gone out.
@@ -30,6 +30,9 @@ class OpenAiService {
   void chat_completions(const httplib::Request& req, const std::string& body, httplib::Response& res);
   void tokenize(const httplib::Request& req, const std::string& body, httplib::Response& res);
   void detokenize(const httplib::Request& req, const std::string& body, httplib::Response& res);
+  // vLLM's GET /tokenizer_info: the special tokens and the chat template, for clients that tokenize
+  // through the server (lm-eval's tokenizer_backend=remote).
+  void tokenizer_info(const httplib::Request& req, const std::string& body, httplib::Response& res);
 
   // The engine loop has begun to shut down: generation requests get 503.
   bool shutting_down() const { return loop_.shutting_down(); }

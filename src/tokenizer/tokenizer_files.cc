@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -170,6 +171,18 @@ TokenizerConfig parse_tokenizer_config(std::string_view text, const std::string&
 
 TokenizerConfig load_tokenizer_config(const std::string& path) {
   return parse_tokenizer_config(read_text_file(path), path);
+}
+
+std::optional<std::string> load_jinja_chat_template(const std::string& dir) {
+  const std::string jinja = dir + "/chat_template.jinja";
+  if (std::filesystem::exists(jinja)) return read_text_file(jinja);
+  const std::string config = dir + "/tokenizer_config.json";
+  if (!std::filesystem::exists(config)) return std::nullopt;
+  const nlohmann::json doc =
+      nlohmann::json::parse(read_text_file(config), nullptr, /*allow_exceptions=*/false);
+  const auto it = doc.is_object() ? doc.find("chat_template") : doc.end();
+  if (it == doc.end() || !it->is_string()) return std::nullopt;
+  return it->get<std::string>();
 }
 
 }  // namespace hlm

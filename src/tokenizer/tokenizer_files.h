@@ -38,6 +38,11 @@ struct TokenizerConfig {
 TokenizerConfig parse_tokenizer_config(std::string_view text, const std::string& source);
 TokenizerConfig load_tokenizer_config(const std::string& path);
 
+// The model's own Jinja chat template: `dir`/chat_template.jinja, else tokenizer_config.json's
+// `chat_template` string; nullopt when neither exists. helixlm renders chats in C++ (chat_template.h); the
+// text is for clients that render themselves (the server's /tokenizer_info).
+std::optional<std::string> load_jinja_chat_template(const std::string& dir);
+
 // The whole file, or an error naming it.
 std::string read_text_file(const std::string& path);
 

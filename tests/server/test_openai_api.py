@@ -167,6 +167,23 @@ class Completions(unittest.TestCase):
 class Text(unittest.TestCase):
     """Needs the bundled model's tokenizer."""
 
+    def test_tokenizer_info_names_the_special_tokens(self):
+        # What lm-eval's tokenizer_backend=remote reads, with /tokenize and /detokenize.
+        status, info = SERVER.get("/tokenizer_info")
+        self.assertEqual(status, 200, info)
+        self.assertEqual((info["bos_token"], info["eos_token"]), ("[BOS]", "<|im_end|>"))
+        self.assertIsNone(info["chat_template"])  # the bundled model ships no Jinja template
+        status, tok = SERVER.post("/tokenize", {"prompt": info["eos_token"], "add_special_tokens": False})
+        self.assertEqual(status, 200, tok)
+        self.assertEqual(len(tok["tokens"]), 1)  # the special token, as lm-eval's eos_token_id expects
+        status, text = SERVER.post("/detokenize", {"tokens": tok["tokens"]})
+        self.assertEqual(text["prompt"], info["eos_token"])
+        # A completion prompt reads special-token strings as those tokens too; parse_special false keeps text.
+        r = CLIENT.completions.create(model=NAME, prompt="Hi" + info["eos_token"], max_tokens=1, **GREEDY)
+        self.assertEqual(r.choices[0].model_extra["prompt_token_ids"][-1], tok["tokens"][0])
+        status, plain = SERVER.post("/tokenize", {"content": info["eos_token"], "parse_special": False})
+        self.assertGreater(len(plain["tokens"]), 1)
+
     def test_text_prompt_is_tokenized_as_tokenize_says(self):
         status, tok = SERVER.post("/tokenize", {"content": "Hello, world"})
         self.assertEqual(status, 200, tok)

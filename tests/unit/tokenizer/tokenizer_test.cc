@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "stress_strings.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_files.h"
 #include "tokenizer/utf8.h"
 
 namespace hlm {
@@ -221,6 +222,21 @@ TEST(TokenizerFiles, ErrorsNameTheFileAndLineOrField) {
                {"`eos_token` is '<|nope|>'"});
   EXPECT_NE(load_error("missing", "", "").find("tiktoken.model"), std::string::npos);
   EXPECT_THROW(Tokenizer::load(kScratch + "/does-not-exist"), Error);
+}
+
+TEST(TokenizerFiles, TheJinjaChatTemplateComesFromItsFileElseTheConfig) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(kScratch) / "jinja-template";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  EXPECT_EQ(load_jinja_chat_template(dir.string()), std::nullopt);  // neither file
+  std::ofstream(dir / "tokenizer_config.json") << R"({"chat_template": "{{ messages }}"})";
+  EXPECT_EQ(load_jinja_chat_template(dir.string()), "{{ messages }}");
+  std::ofstream(dir / "chat_template.jinja") << "{% for m in messages %}{{ m.content }}{% endfor %}";
+  EXPECT_EQ(load_jinja_chat_template(dir.string()), "{% for m in messages %}{{ m.content }}{% endfor %}");
+  fs::remove(dir / "chat_template.jinja");
+  std::ofstream(dir / "tokenizer_config.json") << R"({"chat_template": [{"name": "default"}]})";
+  EXPECT_EQ(load_jinja_chat_template(dir.string()), std::nullopt);  // a list of named templates: not one text
 }
 
 }  // namespace
