@@ -1,6 +1,7 @@
 #include "runtime/scheduler.h"
 
 #include <algorithm>
+#include <exception>
 
 #include "base/error.h"
 #include "runtime/logits_guard.h"
@@ -208,22 +209,34 @@ std::vector<SeqOutput> Scheduler::step() {
   std::vector<std::string> bad(members.size());
   if (host) {
     const std::vector<Tensor> logits = engine_.step(plan);  // per entry [1, vocab], or [n, vocab] if scored
+    // Each member's work reads its own rows and changes only its own sequence (sampler counter, processor,
+    // scored prompt), and at a vocabulary of 163,840 it is passes of exp, log and selection over the row:
+    // the members run on the host's threads.
+    std::vector<std::exception_ptr> failed(members.size());
+#pragma omp parallel for schedule(dynamic) if (members.size() > 1)
     for (size_t i = 0; i < members.size(); ++i) {
-      Seq& s = *members[i];
-      if (plan.entries[i].all_logits) score_prompt(s, logits[i], chunk_begin[i]);
-      if (!wants_token(s) || s.request.max_new_tokens == 0) continue;
-      const Tensor row = logits[i][logits[i].dim(0) - 1];
-      bad[i] = non_finite_logits(row);
-      int32_t id = -1;
-      if (s.processor.needed() && bad[i].empty()) {
-        Tensor adjusted = row.clone();  // [vocab]; the log-probabilities below stay the raw row's
-        s.processor.apply(adjusted.data<float>(), adjusted.numel(), s.request.sampling.temperature);
-        id = s.sampler.sample(adjusted);
-      } else {
-        id = s.sampler.sample(row);
+      try {
+        Seq& s = *members[i];
+        if (plan.entries[i].all_logits) score_prompt(s, logits[i], chunk_begin[i]);
+        if (!wants_token(s) || s.request.max_new_tokens == 0) continue;
+        const Tensor row = logits[i][logits[i].dim(0) - 1];  // [vocab]
+        bad[i] = non_finite_logits(row);
+        int32_t id = -1;
+        if (s.processor.needed() && bad[i].empty()) {
+          Tensor adjusted = row.clone();  // [vocab]; the log-probabilities below stay the raw row's
+          s.processor.apply(adjusted.data<float>(), adjusted.numel(), s.request.sampling.temperature);
+          id = s.sampler.sample(adjusted);
+        } else {
+          id = s.sampler.sample(row);
+        }
+        tokens[i] = s.request.top_logprobs >= 0 && id >= 0 ? token_logprobs(row, id, s.request.top_logprobs)
+                                                           : SampledToken{id, 0.0f, {}};
+      } catch (...) {
+        failed[i] = std::current_exception();
       }
-      tokens[i] = s.request.top_logprobs >= 0 && id >= 0 ? token_logprobs(row, id, s.request.top_logprobs)
-                                                         : SampledToken{id, 0.0f, {}};
+    }
+    for (const std::exception_ptr& e : failed) {
+      if (e) std::rethrow_exception(e);
     }
   } else {
     std::vector<SampleParams> params;
