@@ -115,7 +115,8 @@ int run_serve(const ServeArgs& a) {
                            tokenizer ? &*tokenizer : nullptr,
                            chat ? &*chat : nullptr,
                            static_cast<int64_t>(a.max_num_seqs) + a.max_queued,
-                           tokenizer ? load_jinja_chat_template(dir) : std::nullopt};
+                           tokenizer ? load_jinja_chat_template(dir) : std::nullopt,
+                           tokenizer ? constraint_vocab(*tokenizer, s.config().vocab_size) : nullptr};
   OpenAiService service(ctx, loop, metrics);
 
   std::signal(SIGINT, on_signal);

@@ -10,7 +10,7 @@ namespace hlm {
 
 bool LogitsAdjustments::active() const {
   return repetition_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f ||
-         min_p > 0.0f || min_tokens > 0 || !logit_bias.empty();
+         min_p > 0.0f || min_tokens > 0 || !logit_bias.empty() || json_object != nullptr;
 }
 
 void validate(const LogitsAdjustments& a, int64_t vocab) {
@@ -22,6 +22,12 @@ void validate(const LogitsAdjustments& a, int64_t vocab) {
             a.presence_penalty);
   HLM_CHECK(a.min_p >= 0.0f && a.min_p <= 1.0f, "--min-p must be in [0, 1] (got {})", a.min_p);
   HLM_CHECK(a.min_tokens >= 0, "min_tokens must be >= 0 (got {})", a.min_tokens);
+  if (a.json_object) {
+    HLM_CHECK(a.json_object->bytes.size() == a.json_object->is_text.size() &&
+                  static_cast<int64_t>(a.json_object->bytes.size()) <= vocab,
+              "json_object: a vocabulary of {} entries for a model of {} ids", a.json_object->bytes.size(),
+              vocab);
+  }
   for (const auto& [id, bias] : a.logit_bias) {
     HLM_CHECK(id >= 0 && id < vocab, "logit_bias: token id {} is outside the vocabulary [0, {})", id, vocab);
     HLM_CHECK(std::isfinite(bias), "logit_bias: the bias of token {} must be finite (got {})", id, bias);
@@ -31,6 +37,9 @@ void validate(const LogitsAdjustments& a, int64_t vocab) {
 LogitsProcessor::LogitsProcessor(const LogitsAdjustments& a, const std::vector<int32_t>& prompt,
                                  std::vector<int32_t> end_ids)
     : a_(a), active_(a.active()), end_ids_(std::move(end_ids)) {
+  // A complete object leaves only the end ids: without one the sequence could not end.
+  HLM_CHECK(!a_.json_object || !end_ids_.empty(),
+            "a JSON-constrained sequence needs an end id (eos, or a stop id) to end on");
   if (a_.repetition_penalty != 1.0f) seen_.insert(prompt.begin(), prompt.end());
 }
 
@@ -39,10 +48,28 @@ void LogitsProcessor::observe(int32_t id) {
   if (!active_) return;
   seen_.insert(id);
   ++counts_[id];
+  const ConstraintVocab* v = a_.json_object.get();
+  if (v && id >= 0 && static_cast<size_t>(id) < v->bytes.size() && v->is_text[id]) json_.feed(v->bytes[id]);
 }
 
 void LogitsProcessor::apply(float* x, int64_t vocab, float temperature) const {
-  for (const auto& [id, bias] : a_.logit_bias) x[id] += bias;
+  if (const ConstraintVocab* v = a_.json_object.get()) {
+    // Every id is tried on a copy of the recognizer: a few bytes each, over the whole vocabulary.
+    const bool done = json_.complete();
+    for (int64_t id = 0; id < vocab; ++id) {
+      bool ok = false;
+      if (done) {
+        ok = std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end();
+      } else if (static_cast<size_t>(id) < v->bytes.size() && v->is_text[id] && !v->bytes[id].empty()) {
+        JsonPrefix next = json_;
+        ok = next.feed(v->bytes[id]);
+      }
+      if (!ok) x[id] = kMaskedLogit;
+    }
+  }
+  for (const auto& [id, bias] : a_.logit_bias) {
+    if (x[id] != kMaskedLogit) x[id] += bias;
+  }
   if (generated_ < a_.min_tokens) {
     for (int32_t id : end_ids_) {
       if (id >= 0 && id < vocab) x[id] = kMaskedLogit;

@@ -1,17 +1,20 @@
 // LogitsProcessor: what a request asks done to its logits before the draw, on the host, in vLLM's order:
-// logit_bias and min_tokens (the end ids held back), then the repetition, frequency and presence
-// penalties, then min_p, a cut relative to the likeliest token at the sampling temperature (top-k and
-// top-p follow in the sampler). A sequence that asks for any of these is sampled on the host (the
+// the JSON constraint, logit_bias and min_tokens (the end ids held back), then the repetition, frequency
+// and presence penalties, then min_p, a cut relative to the likeliest token at the sampling temperature
+// (top-k and top-p follow in the sampler). A sequence that asks for any of these is sampled on the host (the
 // scheduler's host path, where the step returns its logits), so no device kernel needs them, and its
 // draws stay the same on every backend. Log-probabilities stay those of the raw logits, as vLLM reports
 // them.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
+
+#include "runtime/json_grammar.h"
 
 namespace hlm {
 
@@ -24,6 +27,9 @@ struct LogitsAdjustments {
   float min_p = 0.0f;              // [0, 1]: tokens less likely than min_p times the likeliest are cut
   int64_t min_tokens = 0;          // the end ids (eos, stop ids) are held back until this many tokens
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, added to its logit)
+  // Non-null: the output is one JSON object (json_grammar.h): every other id is cut, and once the object
+  // is complete only the end ids remain.
+  std::shared_ptr<const ConstraintVocab> json_object;
 
   bool active() const;
 };
@@ -45,9 +51,9 @@ class LogitsProcessor {
 
   // Whether the next draw needs apply(): min_tokens alone stops mattering once reached.
   bool needed() const {
-    return active_ &&
-           (a_.repetition_penalty != 1.0f || a_.frequency_penalty != 0.0f || a_.presence_penalty != 0.0f ||
-            a_.min_p > 0.0f || !a_.logit_bias.empty() || generated_ < a_.min_tokens);
+    return active_ && (a_.repetition_penalty != 1.0f || a_.frequency_penalty != 0.0f ||
+                       a_.presence_penalty != 0.0f || a_.min_p > 0.0f || !a_.logit_bias.empty() ||
+                       a_.json_object != nullptr || generated_ < a_.min_tokens);
   }
   // A token the sequence produced.
   void observe(int32_t id);
@@ -62,6 +68,7 @@ class LogitsProcessor {
   std::unordered_set<int32_t> seen_;             // ids of the prompt and of the output so far
   std::unordered_map<int32_t, int64_t> counts_;  // occurrences in the output so far
   int64_t generated_ = 0;
+  JsonPrefix json_;  // the output so far, with json_object
 };
 
 }  // namespace hlm

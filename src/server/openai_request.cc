@@ -33,12 +33,32 @@ void refuse_unsupported(const JsonFields& f, int64_t n) {
                                   "not supported)",
                                   n));
   }
-  if (const nlohmann::json* rf = f.find("response_format")) {
-    const JsonFields r(*rf, f.path("response_format"));
-    if (auto type = r.string("type"); type && *type != "text") {
-      r.fail("type", "\"text\" (constrained decoding such as json_object / json_schema is not supported)");
-    }
+}
+
+// response_format: "text", or "json_object" (the output is one JSON object); a schema is not supported.
+void parse_response_format(const JsonFields& f, const ServingContext& ctx, SeqRequest& seq) {
+  const nlohmann::json* rf = f.find("response_format");
+  if (!rf || rf->is_null()) return;
+  const JsonFields r(*rf, f.path("response_format"));
+  const std::string type = r.string("type").value_or("text");
+  if (type == "text") return;
+  if (type != "json_object") {
+    r.fail("type", fmt::format("\"text\" or \"json_object\" (got \"{}\"; following a JSON schema is not "
+                               "supported)",
+                               type));
   }
+  if (!ctx.json_vocab) {
+    throw ApiError(
+        400, "response_format json_object needs the model's tokenizer (no tiktoken.model in its directory)",
+        "response_format");
+  }
+  if (!seq.stop_at_eos && seq.stop_ids.empty()) {
+    throw ApiError(400,
+                   "response_format json_object ends the output at the end of sequence once the object is "
+                   "complete: it cannot be combined with ignore_eos",
+                   "ignore_eos");
+  }
+  seq.adjust.json_object = ctx.json_vocab;
 }
 
 std::vector<int32_t> int_array(const JsonFields& f, const std::string& key, int64_t vocab) {
@@ -147,6 +167,7 @@ void parse_common(const JsonFields& f, const ServingContext& ctx, GenerationRequ
   seq.stop_ids = int_array(f, "stop_token_ids", ctx.vocab_size);
   seq.stop_at_eos = !f.boolean("ignore_eos").value_or(false);
   seq.adjust = logits_adjustments(f, ctx);
+  parse_response_format(f, ctx, seq);
   r.skip_special_tokens = f.boolean("skip_special_tokens").value_or(true);
   r.return_token_ids = f.boolean("return_token_ids").value_or(false);
 }
@@ -321,6 +342,18 @@ std::vector<ChatMessage> parse_messages(const nlohmann::json& messages) {
     out.push_back(std::move(msg));
   }
   return out;
+}
+
+std::shared_ptr<const ConstraintVocab> constraint_vocab(const Tokenizer& tok, int64_t model_vocab) {
+  auto v = std::make_shared<ConstraintVocab>();
+  v->bytes.resize(static_cast<size_t>(model_vocab));
+  v->is_text.assign(static_cast<size_t>(model_vocab), 0);
+  for (int32_t id = 0; id < model_vocab; ++id) {
+    if (!tok.contains(id) || tok.is_added(id)) continue;
+    v->bytes[id] = std::string(tok.token_bytes(id));
+    v->is_text[id] = 1;
+  }
+  return v;
 }
 
 GenerationRequest parse_completion_request(const std::string& body, const ServingContext& ctx) {

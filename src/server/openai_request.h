@@ -1,18 +1,20 @@
 // Requests of /v1/completions and /v1/chat/completions, validated into what the engine runs. Every
 // field is read with its type and range checked (json_fields.h); what helixlm does not implement
-// (best_of, penalties, min_p, min_tokens, logit_bias, suffix, constrained decoding, tool_choice
-// "required") is refused by name rather than silently ignored. Prompts are tokenized here, and lengths are
+// (best_of above n, suffix, a JSON schema, tool_choice "required") is refused by name rather than
+// silently ignored. Prompts are tokenized here, and lengths are
 // checked against --max-model-len, so a request the engine would refuse never leaves the HTTP thread. A
 // request becomes one engine sequence per choice: n per prompt, and /v1/completions takes a batch of prompts.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/json_grammar.h"
 #include "runtime/scheduler.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -32,6 +34,8 @@ struct ServingContext {
   int64_t max_choices = 1;
   // The model's own Jinja chat template, for clients that render chats themselves (/tokenizer_info).
   std::optional<std::string> jinja_chat_template{};
+  // The vocabulary as text, for response_format json_object; null without a tokenizer.
+  std::shared_ptr<const ConstraintVocab> json_vocab{};
 };
 
 enum class Endpoint { kCompletions, kChat };
@@ -54,6 +58,10 @@ struct GenerationRequest {
   // Chat only.
   bool parse_tools = false;  // tools given and tool_choice is not "none"
 };
+
+// The model's vocabulary as text for constrained decoding: each id's bytes, the tokenizer's added tokens
+// (special or not) and ids it lacks excluded.
+std::shared_ptr<const ConstraintVocab> constraint_vocab(const Tokenizer& tok, int64_t model_vocab);
 
 // `body`: the raw request body (chat re-reads `tools` in the client's key order for the template).
 GenerationRequest parse_completion_request(const std::string& body, const ServingContext& ctx);

@@ -3,6 +3,7 @@ completions and chat, streaming and not, usage, stop strings and stop ids, sampl
 tokenize / detokenize. The model is random, so expectations are relations the server must keep (a
 stream carries exactly the non-streamed answer; a stop string cuts the text right before its first
 occurrence; ...), computed from the server's own greedy output."""
+import json
 import subprocess
 import unittest
 
@@ -282,6 +283,19 @@ class Text(unittest.TestCase):
             self.assertEqual(mine[0].delta.role, "assistant")
             self.assertEqual("".join(c.delta.content or "" for c in mine), one.content or "")
             self.assertEqual(mine[-1].finish_reason, "length")
+
+    def test_json_object_mode_gives_json_objects(self):
+        finished = 0
+        for seed in range(12):
+            r = chat(max_tokens=120, temperature=1.0, seed=seed, response_format={"type": "json_object"})
+            text = r.choices[0].message.content
+            self.assertTrue(text.lstrip().startswith("{"), repr(text))
+            if r.choices[0].finish_reason == "stop":  # the object closed and the turn ended right after
+                self.assertIsInstance(json.loads(text), dict, repr(text))
+                finished += 1
+        self.assertGreater(finished, 0)  # the random model closes some objects within 120 tokens
+        with self.assertRaises(openai.BadRequestError):
+            chat(max_tokens=4, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})
 
     def test_chat_logprobs(self):
         r = chat(max_tokens=3, logprobs=True, top_logprobs=2, **GREEDY)

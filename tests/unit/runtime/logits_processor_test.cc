@@ -97,6 +97,38 @@ TEST(LogitsProcessor, TheSamplerNeverDrawsACutToken) {
   }
 }
 
+TEST(LogitsProcessor, AJsonObjectConstraintLeavesOnlyIdsThatKeepTheOutputAnObjectPrefix) {
+  auto vocab = std::make_shared<ConstraintVocab>();
+  vocab->bytes = {"{", "}", "\"a\"", ":", " 1", "x", "<|im_end|>", "<eos>", " "};
+  vocab->is_text = {1, 1, 1, 1, 1, 1, 0, 0, 1};
+  LogitsAdjustments a;
+  a.json_object = vocab;
+  LogitsProcessor p(a, {}, /*end_ids=*/{7});
+  EXPECT_TRUE(p.needed());
+  auto allowed = [&p] {
+    std::vector<float> x(9, 1.0f);
+    p.apply(x.data(), 9, 1.0f);
+    std::vector<int> ids;
+    for (int i = 0; i < 9; ++i) {
+      if (x[i] != kMaskedLogit) ids.push_back(i);
+    }
+    return ids;
+  };
+  EXPECT_EQ(allowed(), (std::vector<int>{0, 8}));  // '{' or whitespace; never a special id
+  p.observe(0);
+  EXPECT_EQ(allowed(), (std::vector<int>{1, 2, 8}));
+  p.observe(2);
+  EXPECT_EQ(allowed(), (std::vector<int>{3, 8}));
+  p.observe(3);
+  EXPECT_EQ(allowed(), (std::vector<int>{0, 2, 4, 8}));  // a value: an object, a string, a number
+  p.observe(4);
+  EXPECT_EQ(allowed(),
+            (std::vector<int>{1, 8}));  // " 1" may go on with digits, but none is in this vocabulary
+  p.observe(1);
+  EXPECT_EQ(allowed(), (std::vector<int>{7}));      // complete: only the end
+  EXPECT_THROW(LogitsProcessor(a, {}, {}), Error);  // no end id: the sequence could never end
+}
+
 TEST(LogitsProcessor, RefusesOutOfRangeAdjustments) {
   auto with = [](auto set) {
     LogitsAdjustments a;

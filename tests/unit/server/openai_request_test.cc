@@ -81,7 +81,9 @@ TEST(OpenAiRequest, WrongFieldsAreRefusedByName) {
       {R"({"prompt": [1], "logit_bias": {"x5": 1}})", 400, "logit_bias"},
       {R"({"prompt": [1], "logit_bias": {"512": 1}})", 400, "logit_bias"},
       {R"({"prompt": [1], "logit_bias": [5]})", 400, "logit_bias"},
-      {R"({"prompt": [1], "response_format": {"type": "json_object"}})", 400, "response_format.type"},
+      {R"({"prompt": [1], "response_format": {"type": "json_object"}})", 400,
+       "response_format"},  // no tokenizer
+      {R"({"prompt": [1], "response_format": {"type": "json_schema"}})", 400, "response_format.type"},
       {R"({"prompt": [1], "suffix": "x"})", 400, "suffix"},
       {R"({"prompt": [1], "echo": 1})", 400, "echo"},
       {R"({"prompt": [1], "logprobs": 21})", 400, "logprobs"},
