@@ -169,6 +169,7 @@ void parse_common(const JsonFields& f, const ServingContext& ctx, GenerationRequ
   seq.adjust = logits_adjustments(f, ctx);
   parse_response_format(f, ctx, seq);
   r.skip_special_tokens = f.boolean("skip_special_tokens").value_or(true);
+  r.include_stop_str_in_output = f.boolean("include_stop_str_in_output").value_or(false);
   r.return_token_ids = f.boolean("return_token_ids").value_or(false);
 }
 

@@ -51,7 +51,8 @@ struct GenerationRequest {
   bool include_usage = false;  // stream_options.include_usage
   std::vector<std::string> stop;
   bool skip_special_tokens = true;
-  bool return_token_ids = false;  // vLLM's extension: prompt and output ids in the response
+  bool include_stop_str_in_output = false;  // vLLM's: the matched stop string (or stop id's text) stays
+  bool return_token_ids = false;            // vLLM's extension: prompt and output ids in the response
   // Completions only: the prompt comes back in front of each choice's text (with its tokens'
   // log-probabilities when logprobs is asked for, the first token's null).
   bool echo = false;

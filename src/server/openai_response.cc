@@ -26,7 +26,7 @@ std::string sse_event(const nlohmann::json& payload) { return "data: " + dump_js
 
 GenerationResponse::Choice::Choice(const ServingContext& ctx, const GenerationRequest& r,
                                    const SeqRequest& seq)
-    : prompt(seq.prompt), text(ctx.tokenizer, r.stop, r.skip_special_tokens) {
+    : prompt(seq.prompt), text(ctx.tokenizer, r.stop, r.skip_special_tokens, r.include_stop_str_in_output) {
   if (r.endpoint == Endpoint::kChat && ctx.chat) {
     // Kimi Linear: always split <think>; K3: the flag also says whether the prompt opened the think channel.
     const bool reasoning =

@@ -16,19 +16,30 @@ int64_t count_chars(const std::string& s) {
 
 }  // namespace
 
-TextOutput::TextOutput(const Tokenizer* tokenizer, std::vector<std::string> stop, bool skip_special_tokens)
-    : tokenizer_(tokenizer), stop_(std::move(stop)), skip_special_(skip_special_tokens) {
+TextOutput::TextOutput(const Tokenizer* tokenizer, std::vector<std::string> stop, bool skip_special_tokens,
+                       bool include_stop)
+    : tokenizer_(tokenizer),
+      stop_(std::move(stop)),
+      skip_special_(skip_special_tokens),
+      include_stop_(include_stop) {
   if (tokenizer_) decoder_.emplace(*tokenizer_);
 }
 
 std::string TextOutput::release(std::string text) {
   held_ += text;
-  // The earliest full match ends the output.
-  size_t cut = std::string::npos;
-  for (const std::string& s : stop_) cut = std::min(cut, held_.find(s));
+  // The earliest full match ends the output (the first listed of those matching there), before the stop
+  // string or, with include_stop, after it.
+  size_t cut = std::string::npos, end = std::string::npos;
+  for (const std::string& s : stop_) {
+    const size_t at = held_.find(s);
+    if (at < cut) {
+      cut = at;
+      end = at + s.size();
+    }
+  }
   if (cut != std::string::npos) {
     stopped_ = true;
-    std::string out = held_.substr(0, cut);
+    std::string out = held_.substr(0, include_stop_ ? end : cut);
     held_.clear();
     return out;
   }
@@ -49,7 +60,7 @@ std::string TextOutput::release(std::string text) {
 }
 
 std::string TextOutput::push(int32_t id, bool stop_token) {
-  if (!decoder_ || stopped_ || stop_token) return "";
+  if (!decoder_ || stopped_ || (stop_token && !include_stop_)) return "";
   if (skip_special_ && tokenizer_->is_special(id)) return "";
   std::string text = decoder_->push(id);
   decoded_chars_ += count_chars(text);

@@ -16,7 +16,10 @@ namespace hlm {
 
 class TextOutput {
  public:
-  TextOutput(const Tokenizer* tokenizer, std::vector<std::string> stop, bool skip_special_tokens);
+  // include_stop: the stop string that matched, and the text of a stop id, stay in the output (vLLM's
+  // include_stop_str_in_output).
+  TextOutput(const Tokenizer* tokenizer, std::vector<std::string> stop, bool skip_special_tokens,
+             bool include_stop = false);
 
   // The text this token releases. After a stop-string match, stopped() is true and later calls return "".
   std::string push(int32_t id, bool stop_token);
@@ -40,6 +43,7 @@ class TextOutput {
   std::optional<StreamDecoder> decoder_;
   std::vector<std::string> stop_;
   bool skip_special_;
+  bool include_stop_;
   std::string held_;  // decoded text that may be the start of a stop string
   int64_t decoded_chars_ = 0;
   bool stopped_ = false;

@@ -232,6 +232,10 @@ class Text(unittest.TestCase):
                 got, finish = [c.text for c in r.choices], [c.finish_reason for c in r.choices]
             self.assertEqual(got, [expected, expected], (stream, stop, full))
             self.assertEqual(finish, ["stop", "stop"])
+        # vLLM's include_stop_str_in_output keeps the matched string.
+        r = CLIENT.completions.create(model=NAME, prompt="Once upon a time", max_tokens=40, stop=[stop],
+                                      temperature=0, extra_body={"ignore_eos": True, "include_stop_str_in_output": True})
+        self.assertEqual(r.choices[0].text, expected + stop)
 
     def test_echo_scores_the_prompt_as_generation_scored_it(self):
         # How evaluation harnesses (lm-eval's local-completions) score text: echo, logprobs, one new token.

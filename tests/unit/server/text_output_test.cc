@@ -61,6 +61,14 @@ TEST_F(TextOutputTest, TheEarliestOfSeveralStopsWins) {
   EXPECT_EQ(run(out, bytes("Hello world")), "Hell");
 }
 
+TEST_F(TextOutputTest, IncludeStopKeepsTheMatchedStringAndTheStopIdsText) {
+  TextOutput out(&tok_, {"o w", "world"}, true, /*include_stop=*/true);
+  EXPECT_EQ(run(out, bytes("Hello world")), "Hello w");
+  EXPECT_TRUE(out.stopped());
+  TextOutput by_id(&tok_, {}, true, /*include_stop=*/true);
+  EXPECT_EQ(by_id.push(tok_.encode("x")[0], /*stop_token=*/true), "x");
+}
+
 TEST_F(TextOutputTest, HeldTextIsReleasedOnceItCannotMatch) {
   TextOutput out(&tok_, {"abc"}, true);
   std::vector<std::string> pieces;
