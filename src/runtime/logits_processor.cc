@@ -8,9 +8,9 @@
 
 namespace hlm {
 
-bool LogitsAdjustments::active() const {
+bool LogitsAdjustments::shapes_every_draw() const {
   return repetition_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f ||
-         min_p > 0.0f || min_tokens > 0 || !logit_bias.empty() || json_object != nullptr;
+         min_p > 0.0f || !logit_bias.empty() || json_object != nullptr;
 }
 
 void validate(const LogitsAdjustments& a, int64_t vocab) {

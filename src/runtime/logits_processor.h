@@ -31,7 +31,9 @@ struct LogitsAdjustments {
   // is complete only the end ids remain.
   std::shared_ptr<const ConstraintVocab> json_object;
 
-  bool active() const;
+  // Something that changes every draw (all but min_tokens, which stops mattering once reached).
+  bool shapes_every_draw() const;
+  bool active() const { return shapes_every_draw() || min_tokens > 0; }
 };
 
 // Checks ranges (repetition_penalty > 0, min_p in [0, 1], min_tokens >= 0, finite values, bias ids in
@@ -50,11 +52,7 @@ class LogitsProcessor {
                   std::vector<int32_t> end_ids);
 
   // Whether the next draw needs apply(): min_tokens alone stops mattering once reached.
-  bool needed() const {
-    return active_ && (a_.repetition_penalty != 1.0f || a_.frequency_penalty != 0.0f ||
-                       a_.presence_penalty != 0.0f || a_.min_p > 0.0f || !a_.logit_bias.empty() ||
-                       a_.json_object != nullptr || generated_ < a_.min_tokens);
-  }
+  bool needed() const { return a_.shapes_every_draw() || generated_ < a_.min_tokens; }
   // A token the sequence produced.
   void observe(int32_t id);
   // logits: host F32 [vocab], finite, adjusted in place. temperature: the sequence's sampling temperature

@@ -229,6 +229,11 @@ void add_choices(GenerationRequest& r, const SeqRequest& seq) {
   }
 }
 
+// Whether `prompt` is a batch: an array of texts or of id arrays (an array of ids is one prompt).
+bool is_prompt_batch(const nlohmann::json& p) {
+  return p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array());
+}
+
 // The prompts of a completion request: a text, token ids, or a batch of either (an array of texts or of
 // id arrays).
 std::vector<std::vector<int32_t>> completion_prompts(const JsonFields& f, const ServingContext& ctx) {
@@ -261,7 +266,7 @@ std::vector<std::vector<int32_t>> completion_prompts(const JsonFields& f, const 
   };
   if (p->is_string()) return {from_text(p->get<std::string>())};
   if (!p->is_array()) f.fail("prompt", "a string, an array of token ids, or an array of either");
-  if (p->empty() || !((*p)[0].is_string() || (*p)[0].is_array())) return {from_ids(*p, "prompt")};
+  if (!is_prompt_batch(*p)) return {from_ids(*p, "prompt")};
   std::vector<std::vector<int32_t>> prompts;
   for (size_t i = 0; i < p->size(); ++i) {
     const nlohmann::json& one = (*p)[i];
@@ -375,7 +380,7 @@ GenerationRequest parse_completion_request(const std::string& body, const Servin
   // The legacy endpoint's default is 16 tokens (OpenAI), not "up to the context length".
   if (!max_tokens) max_tokens = 16;
   const nlohmann::json* p = f.find("prompt");
-  const bool batch = p && p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array());
+  const bool batch = p && is_prompt_batch(*p);
   check_choices(f, ctx, batch ? static_cast<int64_t>(p->size()) : 1, r.n);
   const std::vector<std::vector<int32_t>> prompts = completion_prompts(f, ctx);
   for (size_t i = 0; i < prompts.size(); ++i) {
