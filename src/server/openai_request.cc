@@ -1,5 +1,6 @@
 #include "server/openai_request.h"
 
+#include <algorithm>
 #include <limits>
 #include <random>
 
@@ -25,14 +26,21 @@ void check_model(const JsonFields& f, const ServingContext& ctx) {
   }
 }
 
-// Options the OpenAI API has and helixlm does not implement: refused, so a client never gets a silently
-// different result. A value equal to the neutral default is accepted.
-void refuse_unsupported(const JsonFields& f, int64_t n) {
-  if (auto b = f.integer("best_of", 1, kMaxInt); b && *b != n) {
-    f.fail("best_of", fmt::format("absent or equal to n, {} (returning the best of more sequences than n is "
-                                  "not supported)",
-                                  n));
+// best_of: completions only (chat has none; a value equal to n is accepted), at least n, and above n not
+// on a stream, whose chunks would go out before the best are known (OpenAI's rule).
+void parse_best_of(const JsonFields& f, GenerationRequest& r) {
+  const std::optional<int64_t> b = f.integer("best_of", 1, kMaxInt);
+  if (!b || *b == r.n) return;
+  if (r.endpoint == Endpoint::kChat) {
+    f.fail("best_of", fmt::format("absent or equal to n, {} (chat completions have no best_of)", r.n));
   }
+  if (*b < r.n) f.fail("best_of", fmt::format("at least n, {}", r.n));
+  if (r.stream) {
+    f.fail("best_of", fmt::format("equal to n, {}, on a stream (the best are known only once every sequence "
+                                  "has ended)",
+                                  r.n));
+  }
+  r.best_of = *b;
 }
 
 // response_format: "text", or "json_object" (the output is one JSON object); a schema is not supported.
@@ -139,11 +147,12 @@ void parse_common(const JsonFields& f, const ServingContext& ctx, GenerationRequ
                   std::optional<int64_t>& max_tokens) {
   check_model(f, ctx);
   r.n = f.integer("n", 1, kMaxInt).value_or(1);
-  refuse_unsupported(f, r.n);
   r.stream = f.boolean("stream").value_or(false);
   if (const nlohmann::json* so = f.find("stream_options")) {
     r.include_usage = JsonFields(*so, f.path("stream_options")).boolean("include_usage").value_or(false);
   }
+  r.best_of = r.n;
+  parse_best_of(f, r);
   // 0 is for scoring an echoed prompt only (completions with echo); the endpoints check.
   max_tokens = f.integer("max_tokens", 0, kMaxInt);
   if (auto m = f.integer("max_completion_tokens", 0, kMaxInt)) max_tokens = m;
@@ -210,20 +219,23 @@ void refuse_zero_tokens(const JsonFields& f, std::optional<int64_t> max_tokens, 
 }
 
 // Refuses a request of more choices than the server holds at once, before any prompt is tokenized.
-void check_choices(const JsonFields& f, const ServingContext& ctx, int64_t prompts, int64_t n) {
-  if (n <= ctx.max_choices && prompts <= ctx.max_choices / n) return;
-  const std::string asked = prompts == 1 ? fmt::format("n = {} choices", n)
-                                         : fmt::format("{} prompts with n = {} each", prompts, n);
+void check_choices(const ServingContext& ctx, int64_t prompts, const GenerationRequest& r) {
+  const int64_t each = r.per_prompt();
+  if (each <= ctx.max_choices && prompts <= ctx.max_choices / each) return;
+  const char* field = r.best_of > r.n ? "best_of" : "n";
+  const std::string asked = prompts == 1 ? fmt::format("{} = {} choices", field, each)
+                                         : fmt::format("{} prompts with {} = {} each", prompts, field, each);
   throw ApiError(400,
                  fmt::format("this request asks for {}; the server runs and queues at most {} sequences at "
                              "once (--max-num-seqs plus --max-queued-requests)",
                              asked, ctx.max_choices),
-                 n > 1 ? "n" : "prompt");
+                 each > 1 ? field : "prompt");
 }
 
-// The n choices of one prompt: `seq` with a random stream each (the choice's index).
+// The choices generated for one prompt (best_of of them): `seq` with a random stream each (the choice's
+// index).
 void add_choices(GenerationRequest& r, const SeqRequest& seq) {
-  for (int64_t j = 0; j < r.n; ++j) {
+  for (int64_t j = 0; j < r.per_prompt(); ++j) {
     r.choices.push_back(seq);
     r.choices.back().sampler_stream = r.choices.size() - 1;
   }
@@ -373,15 +385,18 @@ GenerationRequest parse_completion_request(const std::string& body, const Servin
   if (f.string("suffix")) f.fail("suffix", "absent (suffix is not supported)");
   // Completions: logprobs is the number of alternatives (0 = the sampled token's only).
   seq.top_logprobs = static_cast<int32_t>(f.integer("logprobs", 0, kMaxLogprobs).value_or(-1));
+  r.report_logprobs = seq.top_logprobs >= 0;
   r.echo = f.boolean("echo").value_or(false);
   // Echoed with log-probabilities, the prompt's tokens get theirs too (how evaluation harnesses score text).
   if (r.echo) seq.prompt_logprobs = seq.top_logprobs;
+  // best_of ranks the sequences by their sampled tokens' log-probabilities, asked for or not.
+  if (r.best_of > r.n) seq.top_logprobs = std::max(seq.top_logprobs, 0);
   if (!r.echo) refuse_zero_tokens(f, max_tokens, "at least 1 (0 only with echo: the prompt alone, scored)");
   // The legacy endpoint's default is 16 tokens (OpenAI), not "up to the context length".
   if (!max_tokens) max_tokens = 16;
   const nlohmann::json* p = f.find("prompt");
   const bool batch = p && is_prompt_batch(*p);
-  check_choices(f, ctx, batch ? static_cast<int64_t>(p->size()) : 1, r.n);
+  check_choices(ctx, batch ? static_cast<int64_t>(p->size()) : 1, r);
   const std::vector<std::vector<int32_t>> prompts = completion_prompts(f, ctx);
   for (size_t i = 0; i < prompts.size(); ++i) {
     seq.prompt = prompts[i];
@@ -400,12 +415,13 @@ GenerationRequest parse_chat_request(const std::string& body, const ServingConte
   std::optional<int64_t> max_tokens;
   parse_common(f, ctx, r, seq, max_tokens);
   refuse_zero_tokens(f, max_tokens, "at least 1");
-  check_choices(f, ctx, 1, r.n);
+  check_choices(ctx, 1, r);
   if (f.boolean("logprobs").value_or(false)) {
     seq.top_logprobs = static_cast<int32_t>(f.integer("top_logprobs", 0, kMaxLogprobs).value_or(0));
   } else if (f.find("top_logprobs")) {
     f.fail("top_logprobs", "used only with \"logprobs\": true");
   }
+  r.report_logprobs = seq.top_logprobs >= 0;
   const nlohmann::json* messages = f.find("messages");
   if (!messages) f.fail("messages", "a non-empty array");
   const std::vector<ChatMessage> msgs = parse_messages(*messages);

@@ -1,9 +1,9 @@
 // Requests of /v1/completions and /v1/chat/completions, validated into what the engine runs. Every
 // field is read with its type and range checked (json_fields.h); what helixlm does not implement
-// (best_of above n, suffix, a JSON schema, tool_choice "required") is refused by name rather than
-// silently ignored. Prompts are tokenized here, and lengths are
-// checked against --max-model-len, so a request the engine would refuse never leaves the HTTP thread. A
-// request becomes one engine sequence per choice: n per prompt, and /v1/completions takes a batch of prompts.
+// (suffix, a JSON schema, tool_choice "required") is refused by name rather than silently ignored. Prompts
+// are tokenized here, and lengths are checked against --max-model-len, so a request the engine would refuse
+// never leaves the HTTP thread. A request becomes one engine sequence per choice: n per prompt (best_of with
+// /v1/completions), and /v1/completions takes a batch of prompts.
 #pragma once
 
 #include <cstdint>
@@ -42,11 +42,17 @@ enum class Endpoint { kCompletions, kChat };
 
 struct GenerationRequest {
   Endpoint endpoint = Endpoint::kCompletions;
-  // One sequence per choice (prompt ids, max_new_tokens, sampling, stop ids, logprobs), in the order of
-  // the choices' indices: choice i·n + j is the j-th of prompt i (OpenAI's order). The n choices of a
-  // prompt share its seed, each on a random stream of its own.
+  // One sequence per generated choice (prompt ids, max_new_tokens, sampling, stop ids, logprobs): choice
+  // i·best_of + j is the j-th of prompt i (OpenAI's order). The choices of a prompt share its seed, each on
+  // a random stream of its own.
   std::vector<SeqRequest> choices;
-  int64_t n = 1;  // choices per prompt
+  int64_t n = 1;  // choices per prompt in the answer
+  // Choices generated per prompt (completions' best_of; n otherwise). Above n the answer holds the n of
+  // the highest cumulative log-probability of their sampled tokens, best first (vLLM's and OpenAI's
+  // best_of), so every choice computes its tokens' log-probabilities and the answer is not streamed.
+  int64_t best_of = 1;
+  int64_t per_prompt() const { return best_of > n ? best_of : n; }  // choices generated per prompt
+  bool report_logprobs = false;  // the answer carries log-probabilities (logprobs / top_logprobs asked)
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   std::vector<std::string> stop;

@@ -1,5 +1,7 @@
 #include "server/openai_response.h"
 
+#include <algorithm>
+
 #include "base/error.h"
 
 namespace hlm {
@@ -47,16 +49,19 @@ GenerationResponse::GenerationResponse(const GenerationRequest& r, const Serving
       stream_(r.stream),
       include_usage_(r.include_usage),
       return_token_ids_(r.return_token_ids),
-      want_logprobs_(!r.choices.empty() && r.choices.front().top_logprobs >= 0),
+      want_logprobs_(r.report_logprobs),
       echo_(r.echo),
       n_(r.n),
+      best_of_(r.per_prompt()),
       tokenizer_(ctx.tokenizer),
       id_(std::move(id)),
       created_(created),
       model_(ctx.model_name) {
-  HLM_CHECK(!r.choices.empty() && r.n >= 1 && r.choices.size() % r.n == 0,
-            "a generation request has {} choices, not a whole number of prompts with n = {} each",
-            r.choices.size(), r.n);
+  HLM_CHECK(!r.choices.empty() && r.n >= 1 && r.choices.size() % r.per_prompt() == 0,
+            "a generation request has {} choices, not a whole number of prompts with {} each",
+            r.choices.size(), r.per_prompt());
+  HLM_CHECK(!r.stream || r.per_prompt() == r.n,
+            "a streamed request generates best_of = {} choices for n = {}", r.best_of, r.n);
   choices_.reserve(r.choices.size());
   for (const SeqRequest& seq : r.choices) choices_.emplace_back(ctx, r, seq);
 }
@@ -156,9 +161,9 @@ nlohmann::json GenerationResponse::chunk(nlohmann::json choice) const {
 }
 
 int64_t GenerationResponse::prompt_tokens() const {
-  // The n choices of a prompt read it once.
+  // The choices of a prompt read it once.
   int64_t sum = 0;
-  for (size_t i = 0; i < choices_.size(); i += static_cast<size_t>(n_)) {
+  for (size_t i = 0; i < choices_.size(); i += static_cast<size_t>(best_of_)) {
     sum += static_cast<int64_t>(choices_[i].prompt.size());
   }
   return sum;
@@ -233,6 +238,7 @@ std::vector<nlohmann::json> GenerationResponse::push(int index, const SeqOutput&
   }
   if (out.token) {
     c.ids.push_back(out.token->id);
+    c.cumulative_logprob += out.token->logprob;
     // OpenAI's text_offset: where the token's text starts in the returned text, in characters. Text
     // held back (part of a character, a possible stop string) counts: it is released later, in front.
     const int64_t offset = c.offset_base + c.text.decoded_chars();
@@ -283,8 +289,23 @@ std::vector<nlohmann::json> GenerationResponse::finish_chunks() {
   return chunks;
 }
 
-nlohmann::json GenerationResponse::choice_result(int index) {
-  const Choice& c = choices_[index];
+std::vector<int> GenerationResponse::answer_choices() const {
+  std::vector<int> order;
+  for (int first = 0; first < choices(); first += static_cast<int>(best_of_)) {
+    std::vector<int> prompt(static_cast<size_t>(best_of_));
+    for (size_t j = 0; j < prompt.size(); ++j) prompt[j] = first + static_cast<int>(j);
+    if (best_of_ > n_) {
+      std::stable_sort(prompt.begin(), prompt.end(), [this](int a, int b) {
+        return choices_[a].cumulative_logprob > choices_[b].cumulative_logprob;
+      });
+    }
+    order.insert(order.end(), prompt.begin(), prompt.begin() + n_);
+  }
+  return order;
+}
+
+nlohmann::json GenerationResponse::choice_result(int which, int64_t index) {
+  const Choice& c = choices_[which];
   nlohmann::json choice = {{"index", index}, {"finish_reason", c.finish_reason.value_or("")}};
   nlohmann::json lp = nullptr;
   if (want_logprobs_)
@@ -317,7 +338,9 @@ nlohmann::json GenerationResponse::choice_result(int index) {
 
 nlohmann::json GenerationResponse::result() {
   nlohmann::json choices = nlohmann::json::array();
-  for (int c = 0; c < this->choices(); ++c) choices.push_back(choice_result(c));
+  const std::vector<int> order = answer_choices();
+  for (size_t i = 0; i < order.size(); ++i)
+    choices.push_back(choice_result(order[i], static_cast<int64_t>(i)));
   return {{"id", id_},
           {"object", endpoint_ == Endpoint::kChat ? "chat.completion" : "text_completion"},
           {"created", created_},

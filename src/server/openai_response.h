@@ -4,7 +4,8 @@
 // its text pipeline: TextOutput (detokenization, stop strings), then for chat the OutputParser (content /
 // reasoning_content / tool_calls), and gathers its finish reason, log-probabilities and, on request,
 // token ids; usage adds the choices up, each prompt counted once. With echo, a choice's text (and its
-// legacy log-probabilities) starts with its prompt's.
+// legacy log-probabilities) starts with its prompt's. With best_of above n, every generated choice runs its
+// pipeline and the answer keeps the n of each prompt with the highest cumulative log-probability.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +56,7 @@ class GenerationResponse {
     std::optional<OutputParser> parser;
     bool sent_role = false;
     std::vector<int32_t> ids;
+    double cumulative_logprob = 0.0;  // of the sampled tokens (best_of's ranking)
     std::optional<std::string> finish_reason;
     bool echoed = false;
     int64_t offset_base = 0;  // characters in front of the generated text (the echoed prompt)
@@ -76,7 +78,11 @@ class GenerationResponse {
   std::string echo_prompt(Choice& c, const SeqOutput& out, nlohmann::json& lp);
   nlohmann::json chunk(nlohmann::json choice) const;
   nlohmann::json usage() const;
-  nlohmann::json choice_result(int index);
+  // Generated choice `which` as the answer's choice `index`.
+  nlohmann::json choice_result(int which, int64_t index);
+  // The generated choices the answer keeps, in its order: per prompt, all of them, or (best_of above n)
+  // the n of the highest cumulative log-probability, best first (the lower index on ties).
+  std::vector<int> answer_choices() const;
   void end(Choice& c, FinishReason reason);
 
   Endpoint endpoint_;
@@ -85,7 +91,8 @@ class GenerationResponse {
   bool return_token_ids_;
   bool want_logprobs_;
   bool echo_;
-  int64_t n_;
+  int64_t n_;        // choices per prompt in the answer
+  int64_t best_of_;  // choices generated per prompt (GenerationRequest::per_prompt)
   const Tokenizer* tokenizer_;
   std::string id_;
   int64_t created_;

@@ -119,6 +119,31 @@ class Completions(unittest.TestCase):
         self.assertEqual(three[0], sample(1)[0])
         self.assertEqual(len({tuple(ids) for ids in three}), 3, three)
 
+    def test_best_of_answers_with_its_most_likely_sequences(self):
+        # With the seed and the choices' streams, best_of 3 draws the sequences n = 3 draws: its answer must
+        # be their n most likely by the sum of the sampled tokens' log-probabilities, best first.
+        # A seed whose ranking differs from the choices' order, so that an unranked answer would fail.
+        args = {"model": NAME, "prompt": PROMPT, "max_tokens": 6, "temperature": 1.0,
+                "extra_body": {"ignore_eos": True, "return_token_ids": True}}
+        for seed in range(20):
+            every = CLIENT.completions.create(n=3, logprobs=0, seed=seed, **args)
+            ranked = sorted(every.choices, key=lambda c: sum(c.logprobs.token_logprobs), reverse=True)
+            if [c.index for c in ranked[:2]] != [0, 1]:
+                break
+        else:
+            self.fail("no seed in 0..19 ranks the choices out of their order")
+        args["seed"] = seed
+        best = CLIENT.completions.create(n=2, best_of=3, logprobs=0, **args)
+        self.assertEqual([c.index for c in best.choices], [0, 1])
+        self.assertEqual([token_ids(c) for c in best.choices], [token_ids(c) for c in ranked[:2]])
+        self.assertEqual([c.logprobs.token_logprobs for c in best.choices],
+                         [c.logprobs.token_logprobs for c in ranked[:2]])
+        self.assertEqual(best.usage.completion_tokens, 18)  # every sequence generated counts
+        # Without logprobs asked, the ranking's log-probabilities stay out of the answer.
+        one = CLIENT.completions.create(best_of=3, **args)
+        self.assertEqual([token_ids(c) for c in one.choices], [token_ids(ranked[0])])
+        self.assertIsNone(one.choices[0].logprobs)
+
     def test_logit_bias_and_penalties_steer_the_draws(self):
         ref = token_ids(CLIENT.completions.create(model=NAME, prompt=PROMPT, max_tokens=6, **GREEDY).choices[0])
         forced = 8 if ref[0] == 7 else 7
@@ -158,7 +183,9 @@ class Completions(unittest.TestCase):
 
     def test_refusals_raise_the_clients_errors(self):
         with self.assertRaises(openai.BadRequestError):
-            CLIENT.completions.create(model=NAME, prompt=PROMPT, n=2, best_of=3)
+            CLIENT.completions.create(model=NAME, prompt=PROMPT, n=2, best_of=1)
+        with self.assertRaises(openai.BadRequestError):  # the best are known only at the end
+            CLIENT.completions.create(model=NAME, prompt=PROMPT, best_of=2, stream=True)
         with self.assertRaises(openai.BadRequestError):  # more choices than the server holds at once
             CLIENT.completions.create(model=NAME, prompt=PROMPT, n=1000)
         with self.assertRaises(openai.NotFoundError):

@@ -45,6 +45,7 @@ class LogprobsTest : public ::testing::Test {
     r.choices = {SeqRequest{}};
     r.choices[0].prompt = {1, 2};
     r.choices[0].top_logprobs = 2;
+    r.report_logprobs = true;
     r.stop = std::move(stop);
     return r;
   }

@@ -69,7 +69,10 @@ TEST(OpenAiRequest, WrongFieldsAreRefusedByName) {
       {R"({"prompt": [1], "stop_token_ids": [512]})", 400, "stop_token_ids"},
       {R"({"prompt": [1], "stream_options": {"include_usage": 1}})", 400, "stream_options.include_usage"},
       {R"({"prompt": [1], "n": 3})", 400, "n"},
-      {R"({"prompt": [1], "best_of": 2})", 400, "best_of"},
+      {R"({"prompt": [1], "best_of": 2})", 400, "best_of"},  // more than the server holds (1)
+      {R"({"prompt": [1], "n": 2, "best_of": 1})", 400, "best_of"},
+      {R"({"prompt": [1], "best_of": 2, "stream": true})", 400, "best_of"},
+      {R"({"prompt": [1], "best_of": 0})", 400, "best_of"},
       {R"({"prompt": [1], "presence_penalty": 2.5})", 400, "presence_penalty"},
       {R"({"prompt": [1], "frequency_penalty": "high"})", 400, "frequency_penalty"},
       {R"({"prompt": [1], "repetition_penalty": 0})", 400, "repetition_penalty"},
@@ -129,7 +132,10 @@ TEST(OpenAiRequest, ChoicesAreNPerPromptInOpenAisOrder) {
       {R"({"prompt": [1], "n": 9223372036854775807})", 400, "n"},
       {R"({"prompt": [1], "n": 0})", 400, "n"},
       {R"({"prompt": [1], "n": 2, "best_of": 2})", 200, ""},
-      {R"({"prompt": [1], "n": 2, "best_of": 3})", 400, "best_of"},
+      {R"({"prompt": [1], "n": 2, "best_of": 3})", 200, ""},
+      {R"({"prompt": [1], "n": 2, "best_of": 7})", 400, "best_of"},
+      {R"({"prompt": [[1], [2]], "best_of": 3})", 200, ""},
+      {R"({"prompt": [[1], [2], [3]], "n": 1, "best_of": 3})", 400, "best_of"},
       {R"({"prompt": [[1], 2]})", 400, "prompt"},
       {R"({"prompt": [[1], []]})", 400, "prompt"},
       {R"({"prompt": [[1], [1, 600]]})", 400, "prompt"},
@@ -147,6 +153,31 @@ TEST(OpenAiRequest, ChoicesAreNPerPromptInOpenAisOrder) {
     }
     EXPECT_EQ(got, std::make_pair(status, param)) << body;
   }
+}
+
+// best_of above n: best_of sequences per prompt in OpenAI's order, each computing its sampled tokens'
+// log-probabilities for the ranking; the answer carries them only when logprobs asks.
+TEST(OpenAiRequest, BestOfGeneratesMoreChoicesThatComputeLogprobs) {
+  ServingContext ctx = id_only();
+  ctx.max_choices = 6;
+  const GenerationRequest r =
+      parse_completion_request(R"({"prompt": [[1, 2], [3]], "n": 2, "best_of": 3, "seed": 4})", ctx);
+  EXPECT_EQ(r.n, 2);
+  EXPECT_EQ(r.best_of, 3);
+  EXPECT_FALSE(r.report_logprobs);
+  ASSERT_EQ(r.choices.size(), 6u);
+  for (size_t c = 0; c < r.choices.size(); ++c) {
+    EXPECT_EQ(r.choices[c].prompt, c < 3 ? (std::vector<int32_t>{1, 2}) : (std::vector<int32_t>{3})) << c;
+    EXPECT_EQ(r.choices[c].sampler_stream, c);
+    EXPECT_EQ(r.choices[c].top_logprobs, 0);
+  }
+  const GenerationRequest asked =
+      parse_completion_request(R"({"prompt": [1], "n": 1, "best_of": 2, "logprobs": 3})", ctx);
+  EXPECT_TRUE(asked.report_logprobs);
+  EXPECT_EQ(asked.choices.at(1).top_logprobs, 3);
+  const GenerationRequest plain = parse_completion_request(R"({"prompt": [1], "n": 2})", ctx);
+  EXPECT_EQ(plain.best_of, 2);
+  EXPECT_EQ(plain.choices.at(0).top_logprobs, -1);
 }
 
 TEST(OpenAiRequest, PenaltiesBiasMinPAndMinTokensReachTheSequence) {
@@ -216,6 +247,7 @@ TEST(OpenAiRequest, ChatNeedsATokenizerAndValidatesMessages) {
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})",
        "tools[0].function"},
       {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "best_of": 2})", "best_of"},
   };
   for (const auto& [body, param] : cases) {
     try {

@@ -66,6 +66,7 @@ TEST(GenerationResponse, StreamAndWholeResponseAgree) {
 TEST(GenerationResponse, LengthFinishAndLegacyLogprobs) {
   GenerationRequest req = request(false);
   req.choices[0].top_logprobs = 2;
+  req.report_logprobs = true;
   GenerationResponse g(req, id_only(), "cmpl-2", 1);
   g.push(0, out(7));
   g.push(0, out(9, FinishReason::kLength));
@@ -76,6 +77,47 @@ TEST(GenerationResponse, LengthFinishAndLegacyLogprobs) {
   EXPECT_EQ(lp["token_logprobs"][1], -0.5);
   EXPECT_EQ(lp["top_logprobs"][1]["token_id:10"], -1.5);
   EXPECT_EQ(lp["top_logprobs"][1].size(), 2u);
+}
+
+// best_of 3, n 2 over two prompts: each prompt's two choices of the highest cumulative log-probability,
+// best first and numbered in the answer's order (the lower index on a tie); usage counts every token
+// generated, each prompt once; log-probabilities computed for the ranking only stay out of the answer.
+TEST(GenerationResponse, BestOfKeepsTheNMostLikelyChoicesOfEachPrompt) {
+  GenerationRequest req = request(false);
+  req.n = 2;
+  req.best_of = 3;
+  req.return_token_ids = true;
+  req.choices.assign(6, req.choices[0]);
+  req.choices[3].prompt = {4, 5};
+  GenerationResponse g(req, id_only(), "cmpl-4", 1);
+  auto token = [](int32_t id, float logprob, FinishReason finish = FinishReason::kNone) {
+    SeqOutput o;
+    o.token = SampledToken{id, logprob, {}};
+    o.finish = finish;
+    return o;
+  };
+  // Prompt 0: sums -3.0, -1.0, -1.0 (a tie: choice 1 before 2). Prompt 1: -0.5, -4.0, -2.0.
+  const std::vector<std::vector<float>> logprobs = {{-1.0f, -2.0f}, {-1.0f}, {-0.5f, -0.5f},
+                                                    {-0.5f},        {-4.0f}, {-1.0f, -1.0f}};
+  for (int c = 0; c < 6; ++c) {
+    for (size_t t = 0; t < logprobs[c].size(); ++t) {
+      const bool last = t + 1 == logprobs[c].size();
+      g.push(c, token(10 * c + static_cast<int32_t>(t), logprobs[c][t],
+                      last ? FinishReason::kLength : FinishReason::kNone));
+    }
+  }
+  ASSERT_TRUE(g.done());
+  const nlohmann::json r = g.result();
+  ASSERT_EQ(r["choices"].size(), 4u);
+  const std::vector<std::vector<int32_t>> ids = {{10}, {20, 21}, {30}, {50, 51}};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(r["choices"][i]["index"], i);
+    EXPECT_EQ(r["choices"][i]["token_ids"], ids[i]) << i;
+    EXPECT_TRUE(r["choices"][i]["logprobs"].is_null()) << i;
+  }
+  EXPECT_EQ(r["choices"][2]["prompt_token_ids"], (std::vector<int32_t>{4, 5}));
+  const nlohmann::json usage = {{"prompt_tokens", 5}, {"completion_tokens", 9}, {"total_tokens", 14}};
+  EXPECT_EQ(r["usage"], usage);
 }
 
 TEST(GenerationResponse, NothingIsAcceptedAfterTheEnd) {
