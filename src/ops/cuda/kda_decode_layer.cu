@@ -33,7 +33,11 @@
 // waits for them: the cluster exchange 0.35-0.42 µs instead of 0.5-1.2, but the stores' span 0.8 instead
 // of 0.1-0.3, the 48B step unchanged at batch 1 and kernel_bench 13.7 against 9.3 µs at batch 4, 23.0
 // against 18.0 at 8. Both keep values live longer (the kernel has 92 registers as it is); why the larger
-// batches lost that much was not found.)
+// batches lost that much was not found. On 2026-12-05, kernel_bench --kda-decode against 5.3 / 9.2 / 17.9 µs
+// at batch 1 / 4 / 8: every CTA computing q, k and the decays of all D rows itself, so that the first
+// exchange goes, 7.7 / 21.0 / 35.2; the exchanges pushed into the peers' shared memory before each barrier,
+// 5.0 / 13.0 / 22.6; the conv cache's stores between the exchange's arrive and wait, 5.2 / 9.4 / 17.9. None
+// moved the 48B step at batch 1 (docs/benchmarks.md, twenty-fifth session).)
 //
 // Numerics: the conv outputs, graw and the output gate stay fp32, where the separate ops round them to the
 // activation dtype (bf16).
