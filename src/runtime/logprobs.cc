@@ -23,6 +23,7 @@ SampledToken token_logprobs(const Tensor& logits, int32_t id, int32_t top_n) {
   SampledToken out;
   out.id = id;
   out.logprob = static_cast<float>(x[id] - log_z);
+  out.rank = std::count_if(x, x + n, [&](float v) { return v >= x[id]; });
   const int64_t k = std::min<int64_t>(top_n, n);
   std::vector<int32_t> order(n);
   std::iota(order.begin(), order.end(), 0);

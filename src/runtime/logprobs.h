@@ -19,6 +19,9 @@ struct SampledToken {
   int32_t id = 0;
   float logprob = 0.0f;           // set when log-probabilities were asked for
   std::vector<TokenLogprob> top;  // the n most likely, best first (lowest id on ties)
+  // With them, its rank in the distribution: the tokens at least as likely, itself included (vLLM's, so 1
+  // for the most likely; a tie counts against it).
+  int64_t rank = 0;
 };
 
 // logits: host F32 [vocab]. top_n >= 0.

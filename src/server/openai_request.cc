@@ -177,6 +177,9 @@ void parse_common(const JsonFields& f, const ServingContext& ctx, GenerationRequ
   seq.stop_at_eos = !f.boolean("ignore_eos").value_or(false);
   seq.adjust = logits_adjustments(f, ctx);
   parse_response_format(f, ctx, seq);
+  r.prompt_logprobs = static_cast<int32_t>(f.integer("prompt_logprobs", 0, kMaxLogprobs).value_or(-1));
+  if (r.prompt_logprobs >= 0 && r.stream) f.fail("prompt_logprobs", "absent on a stream");
+  seq.prompt_logprobs = r.prompt_logprobs;
   r.skip_special_tokens = f.boolean("skip_special_tokens").value_or(true);
   r.include_stop_str_in_output = f.boolean("include_stop_str_in_output").value_or(false);
   r.return_token_ids = f.boolean("return_token_ids").value_or(false);
@@ -388,10 +391,13 @@ GenerationRequest parse_completion_request(const std::string& body, const Servin
   r.report_logprobs = seq.top_logprobs >= 0;
   r.echo = f.boolean("echo").value_or(false);
   // Echoed with log-probabilities, the prompt's tokens get theirs too (how evaluation harnesses score text).
-  if (r.echo) seq.prompt_logprobs = seq.top_logprobs;
+  if (r.echo) seq.prompt_logprobs = std::max(seq.prompt_logprobs, seq.top_logprobs);
   // best_of ranks the sequences by their sampled tokens' log-probabilities, asked for or not.
   if (r.best_of > r.n) seq.top_logprobs = std::max(seq.top_logprobs, 0);
-  if (!r.echo) refuse_zero_tokens(f, max_tokens, "at least 1 (0 only with echo: the prompt alone, scored)");
+  if (!r.echo && r.prompt_logprobs < 0) {
+    refuse_zero_tokens(f, max_tokens,
+                       "at least 1 (0 only with echo or prompt_logprobs: the prompt alone, scored)");
+  }
   // The legacy endpoint's default is 16 tokens (OpenAI), not "up to the context length".
   if (!max_tokens) max_tokens = 16;
   const nlohmann::json* p = f.find("prompt");

@@ -53,6 +53,9 @@ struct GenerationRequest {
   int64_t best_of = 1;
   int64_t per_prompt() const { return best_of > n ? best_of : n; }  // choices generated per prompt
   bool report_logprobs = false;  // the answer carries log-probabilities (logprobs / top_logprobs asked)
+  // vLLM's prompt_logprobs: each prompt position's log-probability given the tokens before it, with its
+  // rank and this many alternatives (-1: not asked); not on a stream.
+  int32_t prompt_logprobs = -1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   std::vector<std::string> stop;

@@ -51,6 +51,8 @@ GenerationResponse::GenerationResponse(const GenerationRequest& r, const Serving
       return_token_ids_(r.return_token_ids),
       want_logprobs_(r.report_logprobs),
       echo_(r.echo),
+      reported_top_(r.report_logprobs ? r.choices.front().top_logprobs : -1),
+      prompt_top_(r.prompt_logprobs),
       n_(r.n),
       best_of_(r.per_prompt()),
       tokenizer_(ctx.tokenizer),
@@ -150,6 +152,21 @@ nlohmann::json GenerationResponse::logprobs_entry(const Choice& c, const Sampled
           {"top_logprobs", top}};
 }
 
+nlohmann::json GenerationResponse::prompt_logprobs_entry(const Choice& c, const SampledToken& t) const {
+  // As vLLM builds it: the token first, then the alternatives, which take its place (rank by position)
+  // where it is one of them.
+  nlohmann::json entry = nlohmann::json::object();
+  entry[std::to_string(t.id)] = {
+      {"logprob", t.logprob}, {"rank", t.rank}, {"decoded_token", c.text.token_text(t.id)}};
+  for (size_t i = 0; i < t.top.size() && static_cast<int64_t>(i) < prompt_top_; ++i) {
+    const TokenLogprob& a = t.top[i];
+    entry[std::to_string(a.id)] = {{"logprob", a.logprob},
+                                   {"rank", static_cast<int64_t>(i) + 1},
+                                   {"decoded_token", c.text.token_text(a.id)}};
+  }
+  return entry;
+}
+
 nlohmann::json GenerationResponse::chunk(nlohmann::json choice) const {
   nlohmann::json c = {{"id", id_},
                       {"object", endpoint_ == Endpoint::kChat ? "chat.completion.chunk" : "text_completion"},
@@ -214,7 +231,9 @@ std::string GenerationResponse::echo_prompt(Choice& c, const SeqOutput& out, nlo
     if (i == 0) {
       add_legacy_logprob(c, lp, c.text.token_text(c.prompt[0]), nullptr, nullptr, offset);
     } else {
-      const nlohmann::json e = logprobs_entry(c, out.prompt_logprobs[i - 1]);
+      SampledToken t = out.prompt_logprobs[i - 1];  // computed with the larger of logprobs, prompt_logprobs
+      t.top.resize(std::min(t.top.size(), static_cast<size_t>(std::max(reported_top_, 0))));
+      const nlohmann::json e = logprobs_entry(c, t);
       add_legacy_logprob(c, lp, e["token"], e["logprob"], legacy_top(e), offset);
     }
   }
@@ -235,6 +254,14 @@ std::vector<nlohmann::json> GenerationResponse::push(int index, const SeqOutput&
   if (echo_ && !c.echoed && out.finish != FinishReason::kError) {
     c.echoed = true;
     text = echo_prompt(c, out, lp);
+  }
+  if (prompt_top_ >= 0 && c.prompt_logprobs.is_null() && out.finish != FinishReason::kError) {
+    HLM_CHECK(out.prompt_logprobs.size() + 1 == c.prompt.size(),
+              "prompt_logprobs: {} log-probabilities for a prompt of {} tokens", out.prompt_logprobs.size(),
+              c.prompt.size());
+    c.prompt_logprobs = nlohmann::json::array({nullptr});
+    for (const SampledToken& t : out.prompt_logprobs)
+      c.prompt_logprobs.push_back(prompt_logprobs_entry(c, t));
   }
   if (out.token) {
     c.ids.push_back(out.token->id);
@@ -333,6 +360,7 @@ nlohmann::json GenerationResponse::choice_result(int which, int64_t index) {
     choice["prompt_token_ids"] = c.prompt;
     choice["token_ids"] = c.ids;
   }
+  if (prompt_top_ >= 0 && endpoint_ == Endpoint::kCompletions) choice["prompt_logprobs"] = c.prompt_logprobs;
   return choice;
 }
 
@@ -341,12 +369,16 @@ nlohmann::json GenerationResponse::result() {
   const std::vector<int> order = answer_choices();
   for (size_t i = 0; i < order.size(); ++i)
     choices.push_back(choice_result(order[i], static_cast<int64_t>(i)));
-  return {{"id", id_},
-          {"object", endpoint_ == Endpoint::kChat ? "chat.completion" : "text_completion"},
-          {"created", created_},
-          {"model", model_},
-          {"choices", std::move(choices)},
-          {"usage", usage()}};
+  nlohmann::json r = {{"id", id_},
+                      {"object", endpoint_ == Endpoint::kChat ? "chat.completion" : "text_completion"},
+                      {"created", created_},
+                      {"model", model_},
+                      {"choices", std::move(choices)},
+                      {"usage", usage()}};
+  // A chat's choices share one prompt: vLLM gives its log-probabilities once, beside the choices.
+  if (prompt_top_ >= 0 && endpoint_ == Endpoint::kChat)
+    r["prompt_logprobs"] = choices_.front().prompt_logprobs;
+  return r;
 }
 
 }  // namespace hlm

@@ -5,7 +5,9 @@
 // reasoning_content / tool_calls), and gathers its finish reason, log-probabilities and, on request,
 // token ids; usage adds the choices up, each prompt counted once. With echo, a choice's text (and its
 // legacy log-probabilities) starts with its prompt's. With best_of above n, every generated choice runs its
-// pipeline and the answer keeps the n of each prompt with the highest cumulative log-probability.
+// pipeline and the answer keeps the n of each prompt with the highest cumulative log-probability. vLLM's
+// prompt_logprobs come with a choice's first output and go in the whole answer (per choice for completions,
+// once for chat, as vLLM places them).
 #pragma once
 
 #include <cstdint>
@@ -65,12 +67,15 @@ class GenerationResponse {
     std::string reasoning;
     std::vector<ToolCall> tool_calls;
     nlohmann::json logprobs = nlohmann::json::array();
+    nlohmann::json prompt_logprobs = nullptr;  // [null, {id: {logprob, rank, decoded_token}}, ...]
     int tool_call_index = 0;
   };
 
   // Text released by `text` through the choice's parser (chat) into the delta fields.
   nlohmann::json delta_from_text(Choice& c, const std::string& text, bool final);
   nlohmann::json logprobs_entry(const Choice& c, const SampledToken& t) const;
+  // vLLM's entry of one scored prompt position: the token with its rank, and prompt_top_ alternatives.
+  nlohmann::json prompt_logprobs_entry(const Choice& c, const SampledToken& t) const;
   // Appends one token to the legacy (completions) log-probabilities of the choice and of the chunk `lp`.
   void add_legacy_logprob(Choice& c, nlohmann::json& lp, const nlohmann::json& token,
                           const nlohmann::json& logprob, const nlohmann::json& top, int64_t offset);
@@ -91,8 +96,10 @@ class GenerationResponse {
   bool return_token_ids_;
   bool want_logprobs_;
   bool echo_;
-  int64_t n_;        // choices per prompt in the answer
-  int64_t best_of_;  // choices generated per prompt (GenerationRequest::per_prompt)
+  int32_t reported_top_;  // alternatives the logprobs fields carry (-1: none)
+  int32_t prompt_top_;    // prompt_logprobs' alternatives (-1: not asked)
+  int64_t n_;             // choices per prompt in the answer
+  int64_t best_of_;       // choices generated per prompt (GenerationRequest::per_prompt)
   const Tokenizer* tokenizer_;
   std::string id_;
   int64_t created_;

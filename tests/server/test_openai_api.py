@@ -264,6 +264,41 @@ class Text(unittest.TestCase):
                                       temperature=0, extra_body={"ignore_eos": True, "include_stop_str_in_output": True})
         self.assertEqual(r.choices[0].text, expected + stop)
 
+    def test_prompt_logprobs_are_the_echoed_scores_with_ranks(self):
+        # vLLM's prompt_logprobs: per position a dict keyed by token id, the prompt's token with its rank
+        # and the alternatives ranked 1, 2, ...; the values are those echo with logprobs reports.
+        prompt = [5, 17, 300, 41, 7, 99, 12]
+        echoed = CLIENT.completions.create(model=NAME, prompt=prompt, max_tokens=1, logprobs=2, echo=True, **GREEDY)
+        r = CLIENT.completions.create(model=NAME, prompt=prompt, max_tokens=0, temperature=0,
+                                      extra_body={"prompt_logprobs": 2})
+        self.assertEqual(r.usage.completion_tokens, 0)
+        plp = r.choices[0].model_extra["prompt_logprobs"]
+        self.assertEqual(len(plp), len(prompt))
+        self.assertIsNone(plp[0])
+        for i in range(1, len(prompt)):
+            entry = plp[i]
+            mine = entry[str(prompt[i])]
+            self.assertAlmostEqual(mine["logprob"], echoed.choices[0].logprobs.token_logprobs[i], places=5)
+            ranks = sorted(e["rank"] for e in entry.values())
+            self.assertIn(ranks, ([1, 2], [1, 2, mine["rank"]]))
+            self.assertGreaterEqual(mine["rank"], 1)
+            best = min(entry.values(), key=lambda e: e["rank"])
+            self.assertEqual(best["logprob"], max(e["logprob"] for e in entry.values()))
+            if mine["rank"] > 2:  # not an alternative: the alternatives are likelier
+                self.assertLess(mine["logprob"], min(e["logprob"] for e in entry.values() if e["rank"] <= 2))
+        self.assertTrue(any(plp[i][str(prompt[i])]["rank"] > 2 for i in range(1, len(prompt))))
+        # Chat gives them once, beside the choices, over the rendered prompt.
+        c = CLIENT.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=1,
+                                           n=2, temperature=0,
+                                           extra_body={"prompt_logprobs": 0, "return_token_ids": True})
+        rendered = c.choices[0].model_extra["prompt_token_ids"]
+        chat_plp = c.model_extra["prompt_logprobs"]
+        self.assertEqual(len(chat_plp), len(rendered))
+        self.assertIsNone(chat_plp[0])
+        for i in range(1, len(rendered)):  # prompt_logprobs 0: the prompt's token alone
+            self.assertEqual(list(chat_plp[i]), [str(rendered[i])])
+            self.assertGreaterEqual(chat_plp[i][str(rendered[i])]["rank"], 1)
+
     def test_echo_scores_the_prompt_as_generation_scored_it(self):
         # How evaluation harnesses (lm-eval's local-completions) score text: echo, logprobs, one new token.
         gen = CLIENT.completions.create(model=NAME, prompt="The cat sat", max_tokens=6, logprobs=1, **GREEDY)

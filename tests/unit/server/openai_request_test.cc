@@ -214,6 +214,29 @@ TEST(OpenAiRequest, EchoWithLogprobsScoresThePrompt) {
   EXPECT_EQ(verdict(R"({"prompt": [1], "max_tokens": 0})"), std::make_pair(400, std::string("max_tokens")));
 }
 
+// vLLM's prompt_logprobs: the prompt scored with that many alternatives (the larger count where echo and
+// logprobs ask too), max_tokens 0 allowed, not on a stream, in both endpoints.
+TEST(OpenAiRequest, PromptLogprobsScoreThePrompt) {
+  const GenerationRequest r =
+      parse_completion_request(R"({"prompt": [1, 2], "prompt_logprobs": 2, "max_tokens": 0})", id_only());
+  EXPECT_EQ(r.prompt_logprobs, 2);
+  EXPECT_EQ(r.choices[0].prompt_logprobs, 2);
+  EXPECT_EQ(r.choices[0].top_logprobs, -1);
+  EXPECT_FALSE(r.report_logprobs);
+  const GenerationRequest both = parse_completion_request(
+      R"({"prompt": [1, 2], "prompt_logprobs": 0, "echo": true, "logprobs": 3})", id_only());
+  EXPECT_EQ(both.prompt_logprobs, 0);
+  EXPECT_EQ(both.choices[0].prompt_logprobs, 3);
+  EXPECT_EQ(
+      parse_completion_request(R"({"prompt": [1], "prompt_logprobs": null})", id_only()).prompt_logprobs, -1);
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {R"({"prompt": [1], "prompt_logprobs": 21})", "prompt_logprobs"},
+      {R"({"prompt": [1], "prompt_logprobs": -1})", "prompt_logprobs"},
+      {R"({"prompt": [1], "prompt_logprobs": 1, "stream": true})", "prompt_logprobs"},
+  };
+  for (const auto& [body, param] : refused) EXPECT_EQ(verdict(body), std::make_pair(400, param)) << body;
+}
+
 TEST(OpenAiRequest, LengthErrorsGiveBothNumbers) {
   std::vector<int32_t> long_prompt(70, 1);
   nlohmann::json body = {{"prompt", long_prompt}};
