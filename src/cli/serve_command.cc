@@ -9,6 +9,7 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 
@@ -32,6 +33,7 @@ struct ServeArgs {
   SessionOptions session;
   HttpOptions http;
   std::string served_model_name;
+  std::string api_key_file;
   int32_t max_num_seqs = 8;
   int64_t max_num_batched_tokens = 512;
   int64_t max_model_len = 4096;
@@ -53,6 +55,17 @@ constexpr std::chrono::seconds kWriteOutGrace{10};
 constexpr int32_t kMaxNumSeqs = 4096;
 constexpr int32_t kMaxQueued = 4096;
 
+// The key of --api-key-file: its first line, without trailing white space.
+std::string read_api_key_file(const std::string& path) {
+  std::ifstream in(path);
+  HLM_CHECK(in.good(), "--api-key-file {}: cannot be read", path);
+  std::string key;
+  std::getline(in, key);
+  key.erase(key.find_last_not_of(" \t\r\n") + 1);
+  HLM_CHECK(!key.empty(), "--api-key-file {}: its first line holds no key", path);
+  return key;
+}
+
 int run_serve(const ServeArgs& a) {
   HLM_CHECK(a.max_num_seqs >= 1 && a.max_num_seqs <= kMaxNumSeqs,
             "--max-num-seqs must be in [1, {}] (got {})", kMaxNumSeqs, a.max_num_seqs);
@@ -66,6 +79,7 @@ int run_serve(const ServeArgs& a) {
   std::unique_ptr<HttpServer> http;
   if (rank == 0) {
     HttpOptions ho = a.http;
+    if (!a.api_key_file.empty()) ho.api_key = read_api_key_file(a.api_key_file);
     // Every running or queued request may hold a connection, and the refused ones need threads to be
     // refused on; idle keep-alive connections hold one too.
     ho.threads = 2 * (a.max_num_seqs + a.max_queued) + 16;
@@ -157,7 +171,12 @@ CommandRunner add_serve_command(CLI::App& app) {
   cmd->remove_option(cmd->get_option("--max-seq-len"));
   cmd->add_option("--host", a->http.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", a->http.port, "Port to listen on")->capture_default_str();
-  cmd->add_option("--api-key", a->http.api_key, "Require 'Authorization: Bearer KEY' on the API endpoints");
+  CLI::Option* key = cmd->add_option("--api-key", a->http.api_key,
+                                     "Require 'Authorization: Bearer KEY' on the API endpoints");
+  cmd->add_option(
+         "--api-key-file", a->api_key_file,
+         "--api-key read from this file (its first line), which keeps the key out of the process list")
+      ->excludes(key);
   cmd->add_option("--served-model-name", a->served_model_name,
                   "Model name in the API (default: the -m argument)");
   cmd->add_option("--max-num-seqs", a->max_num_seqs, "Sequences running at once")->capture_default_str();

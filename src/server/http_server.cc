@@ -240,6 +240,7 @@ void HttpServer::routes() {
   route("POST", "/tokenize", model_route(&OpenAiService::tokenize));
   route("GET", "/tokenizer_info", model_route(&OpenAiService::tokenizer_info));
   route("POST", "/detokenize", model_route(&OpenAiService::detokenize));
+  route("POST", "/apply-template", model_route(&OpenAiService::apply_template));
   refuse_other_methods();
 }
 

@@ -173,6 +173,21 @@ void OpenAiService::detokenize(const httplib::Request&, const std::string& raw, 
   reply(res, {{"content", text}, {"prompt", text}});
 }
 
+void OpenAiService::apply_template(const httplib::Request&, const std::string& raw, httplib::Response& res) {
+  const nlohmann::json body = parse_json_object(raw);
+  const JsonFields f(body, "");
+  const Tokenizer& tok = need_tokenizer(ctx_);
+  if (!ctx_.chat) throw ApiError(400, "this model has no chat template", "messages");
+  if (f.find("tools")) f.fail("tools", "absent (/v1/chat/completions renders a request's tools)");
+  const nlohmann::json* messages = f.find("messages");
+  if (!messages) f.fail("messages", "a non-empty array");
+  const bool generation_prompt = f.boolean("add_generation_prompt").value_or(true);
+  const std::vector<int32_t> ids = ctx_.chat->render(parse_messages(*messages), nullptr, generation_prompt);
+  // Special tokens as their text, so that the prompt read back as a completion prompt (special-token
+  // strings parsed) gives these ids again.
+  reply(res, {{"prompt", tok.decode(ids)}});
+}
+
 void OpenAiService::tokenizer_info(const httplib::Request&, const std::string&, httplib::Response& res) {
   const Tokenizer& tok = need_tokenizer(ctx_);
   auto text = [&tok](std::optional<int32_t> id) {

@@ -1,10 +1,10 @@
 // OpenAiService: the model-facing endpoints once the model is loaded: /v1/models, /v1/completions,
-// /v1/chat/completions (JSON or SSE), /tokenize, /detokenize, /tokenizer_info. Validation happens on the
-// calling HTTP thread (a bad request is answered there and never reaches the engine); generation goes through
-// the EngineLoop, and a ResponseWriter waits on the request's channel (a stream from httplib's content
-// provider, a whole answer on the handler's thread), so a client that goes away is noticed within one
-// poll and its sequence is cancelled. At shutdown, wait_responses_written() tells when the last answer
-// has gone out.
+// /v1/chat/completions (JSON or SSE), /tokenize, /detokenize, /tokenizer_info, /apply-template. Validation
+// happens on the calling HTTP thread (a bad request is answered there and never reaches the engine);
+// generation goes through the EngineLoop, and a ResponseWriter waits on the request's channel (a stream from
+// httplib's content provider, a whole answer on the handler's thread), so a client that goes away is noticed
+// within one poll and its sequence is cancelled. At shutdown, wait_responses_written() tells when the last
+// answer has gone out.
 #pragma once
 
 #include <httplib.h>
@@ -33,6 +33,8 @@ class OpenAiService {
   // vLLM's GET /tokenizer_info: the special tokens and the chat template, for clients that tokenize
   // through the server (lm-eval's tokenizer_backend=remote).
   void tokenizer_info(const httplib::Request& req, const std::string& body, httplib::Response& res);
+  // llama-server's POST /apply-template: {messages} -> {prompt}, the text a chat request would run on.
+  void apply_template(const httplib::Request& req, const std::string& body, httplib::Response& res);
 
   // The engine loop has begun to shut down: generation requests get 503.
   bool shutting_down() const { return loop_.shutting_down(); }

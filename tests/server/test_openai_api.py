@@ -264,6 +264,21 @@ class Text(unittest.TestCase):
                                       temperature=0, extra_body={"ignore_eos": True, "include_stop_str_in_output": True})
         self.assertEqual(r.choices[0].text, expected + stop)
 
+    def test_apply_template_gives_the_prompt_a_chat_runs_on(self):
+        # llama-server's /apply-template: read back as a completion prompt, its text is the rendered ids (a
+        # message's text that spells a special token would read back as that token: chat keeps it as text).
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+        status, applied = SERVER.post("/apply-template", {"messages": messages})
+        self.assertEqual(status, 200, applied)
+        status, rendered = SERVER.post("/tokenize", {"messages": messages})
+        self.assertEqual(status, 200, rendered)
+        r = CLIENT.completions.create(model=NAME, prompt=applied["prompt"], max_tokens=1, **GREEDY)
+        self.assertEqual(r.choices[0].model_extra["prompt_token_ids"], rendered["tokens"])
+        status, bare = SERVER.post("/apply-template", {"messages": messages, "add_generation_prompt": False})
+        self.assertTrue(applied["prompt"].startswith(bare["prompt"]) and applied["prompt"] != bare["prompt"])
+        status, err = SERVER.post("/apply-template", {"messages": messages, "tools": []})
+        self.assertEqual((status, err["error"]["param"]), (400, "tools"))
+
     def test_prompt_logprobs_are_the_echoed_scores_with_ranks(self):
         # vLLM's prompt_logprobs: per position a dict keyed by token id, the prompt's token with its rank
         # and the alternatives ranked 1, 2, ...; the values are those echo with logprobs reports.

@@ -347,6 +347,29 @@ class BadRequests(unittest.TestCase):
                 code, body = s.post("/v1/completions", greedy(2), headers={"Authorization": f"{scheme} sekrit"})
                 self.assertEqual(code, 200, (scheme, body))
 
+    def test_api_key_from_a_file(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "key")
+            with open(path, "w") as f:
+                f.write("from-a-file \nsecond line\n")
+            with Server("--api-key-file", path) as s:
+                self.assertEqual(s.post("/v1/completions", greedy(2))[0], 401)
+                code, body = s.post("/v1/completions", greedy(2), headers={"Authorization": "Bearer from-a-file"})
+                self.assertEqual(code, 200, body)
+            # A file that cannot be read or holds no key ends serve before it listens, naming the file.
+            empty = os.path.join(d, "empty")
+            with open(empty, "w") as f:
+                f.write("  \n")
+            for bad, why in ((os.path.join(d, "missing"), "cannot be read"), (empty, "its first line holds no key")):
+                run = subprocess.run([helixlm_binary(), "serve", "-m", TINY_MODEL, "--port", "1", "--api-key-file",
+                                      bad], capture_output=True, text=True, timeout=60)
+                self.assertNotEqual(run.returncode, 0)
+                self.assertIn(f"--api-key-file {bad}: {why}", run.stderr + run.stdout)
+            both = subprocess.run([helixlm_binary(), "serve", "-m", TINY_MODEL, "--api-key", "x", "--api-key-file",
+                                   path], capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(both.returncode, 0)
+            self.assertIn("excludes", both.stderr + both.stdout)
+
     def test_a_refused_body_does_not_become_the_next_request(self):
         # The body goes out after a pause, in a packet of its own, as a slow client's would: a 401 answered
         # before it is read would leave it on the socket to be parsed as the next request.
