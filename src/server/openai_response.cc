@@ -49,9 +49,8 @@ GenerationResponse::GenerationResponse(const GenerationRequest& r, const Serving
       stream_(r.stream),
       include_usage_(r.include_usage),
       return_token_ids_(r.return_token_ids),
-      want_logprobs_(r.report_logprobs),
       echo_(r.echo),
-      reported_top_(r.report_logprobs ? r.choices.front().top_logprobs : -1),
+      reported_top_(r.report_logprobs ? std::max(r.choices.front().top_logprobs, 0) : -1),
       prompt_top_(r.prompt_logprobs),
       n_(r.n),
       best_of_(r.per_prompt()),
@@ -220,7 +219,7 @@ std::string GenerationResponse::echo_prompt(Choice& c, const SeqOutput& out, nlo
   // they are part of what was sent.
   TextOutput prompt_text(tokenizer_, {}, /*skip_special_tokens=*/false);
   std::string text;
-  const bool scored = want_logprobs_ && endpoint_ == Endpoint::kCompletions;
+  const bool scored = want_logprobs() && endpoint_ == Endpoint::kCompletions;
   HLM_CHECK(!scored || out.prompt_logprobs.size() + 1 == c.prompt.size(),
             "echo: {} prompt log-probabilities for a prompt of {} tokens", out.prompt_logprobs.size(),
             c.prompt.size());
@@ -232,7 +231,7 @@ std::string GenerationResponse::echo_prompt(Choice& c, const SeqOutput& out, nlo
       add_legacy_logprob(c, lp, c.text.token_text(c.prompt[0]), nullptr, nullptr, offset);
     } else {
       SampledToken t = out.prompt_logprobs[i - 1];  // computed with the larger of logprobs, prompt_logprobs
-      t.top.resize(std::min(t.top.size(), static_cast<size_t>(std::max(reported_top_, 0))));
+      t.top.resize(std::min(t.top.size(), static_cast<size_t>(reported_top_)));
       const nlohmann::json e = logprobs_entry(c, t);
       add_legacy_logprob(c, lp, e["token"], e["logprob"], legacy_top(e), offset);
     }
@@ -270,7 +269,7 @@ std::vector<nlohmann::json> GenerationResponse::push(int index, const SeqOutput&
     // held back (part of a character, a possible stop string) counts: it is released later, in front.
     const int64_t offset = c.offset_base + c.text.decoded_chars();
     text += c.text.push(out.token->id, out.stop_token);
-    if (want_logprobs_) {
+    if (want_logprobs()) {
       const nlohmann::json e = logprobs_entry(c, *out.token);
       if (endpoint_ == Endpoint::kChat) {
         c.logprobs.push_back(e);
@@ -335,7 +334,7 @@ nlohmann::json GenerationResponse::choice_result(int which, int64_t index) {
   const Choice& c = choices_[which];
   nlohmann::json choice = {{"index", index}, {"finish_reason", c.finish_reason.value_or("")}};
   nlohmann::json lp = nullptr;
-  if (want_logprobs_)
+  if (want_logprobs())
     lp = endpoint_ == Endpoint::kChat ? nlohmann::json{{"content", c.logprobs}} : c.logprobs;
   choice["logprobs"] = lp;
   if (endpoint_ == Endpoint::kChat) {

@@ -89,14 +89,14 @@ class GenerationResponse {
   // the n of the highest cumulative log-probability, best first (the lower index on ties).
   std::vector<int> answer_choices() const;
   void end(Choice& c, FinishReason reason);
+  bool want_logprobs() const { return reported_top_ >= 0; }
 
   Endpoint endpoint_;
   bool stream_;
   bool include_usage_;
   bool return_token_ids_;
-  bool want_logprobs_;
   bool echo_;
-  int32_t reported_top_;  // alternatives the logprobs fields carry (-1: none)
+  int32_t reported_top_;  // alternatives the logprobs fields carry (-1: the answer has no logprobs)
   int32_t prompt_top_;    // prompt_logprobs' alternatives (-1: not asked)
   int64_t n_;             // choices per prompt in the answer
   int64_t best_of_;       // choices generated per prompt (GenerationRequest::per_prompt)
