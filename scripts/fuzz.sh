@@ -17,7 +17,7 @@ fi
 
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
   -DCMAKE_CXX_COMPILER=clang++ -DHLM_FUZZ=ON -DHLM_BUILD_TESTS=ON -DHLM_CUDA=OFF >/dev/null
-targets=(safetensors_fuzz config_fuzz index_fuzz sizes_fuzz tokenizer_fuzz)
+targets=(safetensors_fuzz config_fuzz index_fuzz sizes_fuzz tokenizer_fuzz json_schema_fuzz)
 cmake --build build-fuzz --target "${targets[@]}" -j"$(nproc)"
 
 run() {  # target, then libFuzzer flags and seed directories
@@ -46,3 +46,4 @@ run config_fuzz tests/fixtures/configs
 run index_fuzz -dict=tests/fuzz/index.dict tests/fuzz/seeds/index
 run sizes_fuzz
 run tokenizer_fuzz
+run json_schema_fuzz -dict=tests/fuzz/json_schema.dict tests/fuzz/seeds/json_schema

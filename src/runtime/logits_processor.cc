@@ -10,7 +10,7 @@ namespace hlm {
 
 bool LogitsAdjustments::shapes_every_draw() const {
   return repetition_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f ||
-         min_p > 0.0f || !logit_bias.empty() || json_object != nullptr;
+         min_p > 0.0f || !logit_bias.empty() || static_cast<bool>(constraint);
 }
 
 void validate(const LogitsAdjustments& a, int64_t vocab) {
@@ -22,12 +22,7 @@ void validate(const LogitsAdjustments& a, int64_t vocab) {
             a.presence_penalty);
   HLM_CHECK(a.min_p >= 0.0f && a.min_p <= 1.0f, "--min-p must be in [0, 1] (got {})", a.min_p);
   HLM_CHECK(a.min_tokens >= 0, "min_tokens must be >= 0 (got {})", a.min_tokens);
-  if (a.json_object) {
-    HLM_CHECK(a.json_object->bytes.size() == a.json_object->is_text.size() &&
-                  static_cast<int64_t>(a.json_object->bytes.size()) <= vocab,
-              "json_object: a vocabulary of {} entries for a model of {} ids", a.json_object->bytes.size(),
-              vocab);
-  }
+  validate(a.constraint, vocab);
   for (const auto& [id, bias] : a.logit_bias) {
     HLM_CHECK(id >= 0 && id < vocab, "logit_bias: token id {} is outside the vocabulary [0, {})", id, vocab);
     HLM_CHECK(std::isfinite(bias), "logit_bias: the bias of token {} must be finite (got {})", id, bias);
@@ -37,9 +32,7 @@ void validate(const LogitsAdjustments& a, int64_t vocab) {
 LogitsProcessor::LogitsProcessor(const LogitsAdjustments& a, const std::vector<int32_t>& prompt,
                                  std::vector<int32_t> end_ids)
     : a_(a), active_(a.active()), end_ids_(std::move(end_ids)) {
-  // A complete object leaves only the end ids: without one the sequence could not end.
-  HLM_CHECK(!a_.json_object || !end_ids_.empty(),
-            "a JSON-constrained sequence needs an end id (eos, or a stop id) to end on");
+  if (a_.constraint) constraint_.emplace(a_.constraint, end_ids_);
   if (a_.repetition_penalty != 1.0f) seen_.insert(prompt.begin(), prompt.end());
 }
 
@@ -48,25 +41,11 @@ void LogitsProcessor::observe(int32_t id) {
   if (!active_) return;
   seen_.insert(id);
   ++counts_[id];
-  const ConstraintVocab* v = a_.json_object.get();
-  if (v && id >= 0 && static_cast<size_t>(id) < v->bytes.size() && v->is_text[id]) json_.feed(v->bytes[id]);
+  if (constraint_) constraint_->observe(id);
 }
 
 void LogitsProcessor::apply(float* x, int64_t vocab, float temperature) const {
-  if (const ConstraintVocab* v = a_.json_object.get()) {
-    // Every id is tried on a copy of the recognizer: a few bytes each, over the whole vocabulary.
-    const bool done = json_.complete();
-    for (int64_t id = 0; id < vocab; ++id) {
-      bool ok = false;
-      if (done) {
-        ok = std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end();
-      } else if (static_cast<size_t>(id) < v->bytes.size() && v->is_text[id] && !v->bytes[id].empty()) {
-        JsonPrefix next = json_;
-        ok = next.feed(v->bytes[id]);
-      }
-      if (!ok) x[id] = kMaskedLogit;
-    }
-  }
+  if (constraint_) constraint_->mask(x, vocab, kMaskedLogit);
   for (const auto& [id, bias] : a_.logit_bias) {
     if (x[id] != kMaskedLogit) x[id] += bias;
   }

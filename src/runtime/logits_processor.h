@@ -1,20 +1,21 @@
 // LogitsProcessor: what a request asks done to its logits before the draw, on the host, in vLLM's order:
-// the JSON constraint, logit_bias and min_tokens (the end ids held back), then the repetition, frequency
-// and presence penalties, then min_p, a cut relative to the likeliest token at the sampling temperature
-// (top-k and top-p follow in the sampler). A sequence that asks for any of these is sampled on the host (the
-// scheduler's host path, where the step returns its logits), so no device kernel needs them, and its
-// draws stay the same on every backend. Log-probabilities stay those of the raw logits, as vLLM reports
-// them.
+// the output constraint (output_constraint.h), logit_bias and min_tokens (the end ids held back), then the
+// repetition, frequency and presence penalties, then min_p, a cut relative to the likeliest token at the
+// sampling temperature (top-k and top-p follow in the sampler). A sequence that asks for any of these is
+// sampled on the host (the scheduler's host path, where the step returns its logits), so no device kernel
+// needs them, and its draws stay the same on every backend. Log-probabilities stay those of the raw logits,
+// as vLLM reports them.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
 
-#include "runtime/json_grammar.h"
+#include "runtime/output_constraint.h"
 
 namespace hlm {
 
@@ -27,9 +28,8 @@ struct LogitsAdjustments {
   float min_p = 0.0f;              // [0, 1]: tokens less likely than min_p times the likeliest are cut
   int64_t min_tokens = 0;          // the end ids (eos, stop ids) are held back until this many tokens
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, added to its logit)
-  // Non-null: the output is one JSON object (json_grammar.h): every other id is cut, and once the object
-  // is complete only the end ids remain.
-  std::shared_ptr<const ConstraintVocab> json_object;
+  // Set: every id that cannot continue the output is cut, and once it is complete only the end ids remain.
+  OutputConstraint constraint;
 
   // Something that changes every draw (all but min_tokens, which stops mattering once reached).
   bool shapes_every_draw() const;
@@ -66,7 +66,7 @@ class LogitsProcessor {
   std::unordered_set<int32_t> seen_;             // ids of the prompt and of the output so far
   std::unordered_map<int32_t, int64_t> counts_;  // occurrences in the output so far
   int64_t generated_ = 0;
-  JsonPrefix json_;  // the output so far, with json_object
+  std::optional<ConstrainedOutput> constraint_;
 };
 
 }  // namespace hlm

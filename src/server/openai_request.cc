@@ -43,30 +43,53 @@ void parse_best_of(const JsonFields& f, GenerationRequest& r) {
   r.best_of = *b;
 }
 
-// response_format: "text", or "json_object" (the output is one JSON object); a schema is not supported.
-void parse_response_format(const JsonFields& f, const ServingContext& ctx, SeqRequest& seq) {
+// response_format: "text"; "json_object" (the output is one JSON object); or "json_schema" (one instance of
+// json_schema.schema, in the subset runtime/json_schema.h follows; strict or not, the output follows it).
+// body: the raw request, re-read in the client's key order, which fixes the order of the properties.
+void parse_response_format(const JsonFields& f, const std::string& body, const ServingContext& ctx,
+                           SeqRequest& seq) {
   const nlohmann::json* rf = f.find("response_format");
   if (!rf || rf->is_null()) return;
   const JsonFields r(*rf, f.path("response_format"));
   const std::string type = r.string("type").value_or("text");
   if (type == "text") return;
-  if (type != "json_object") {
-    r.fail("type", fmt::format("\"text\" or \"json_object\" (got \"{}\"; following a JSON schema is not "
-                               "supported)",
-                               type));
+  if (type != "json_object" && type != "json_schema") {
+    r.fail("type", fmt::format("\"text\", \"json_object\" or \"json_schema\" (got \"{}\")", type));
   }
   if (!ctx.json_vocab) {
     throw ApiError(
-        400, "response_format json_object needs the model's tokenizer (no tiktoken.model in its directory)",
+        400,
+        fmt::format("response_format {} needs the model's tokenizer (no tiktoken.model in its directory)",
+                    type),
         "response_format");
   }
   if (!seq.stop_at_eos && seq.stop_ids.empty()) {
     throw ApiError(400,
-                   "response_format json_object ends the output at the end of sequence once the object is "
-                   "complete: it cannot be combined with ignore_eos",
+                   fmt::format("response_format {} ends the output at the end of sequence once the JSON is "
+                               "complete: it cannot be combined with ignore_eos",
+                               type),
                    "ignore_eos");
   }
-  seq.adjust.json_object = ctx.json_vocab;
+  seq.adjust.constraint.vocab = ctx.json_vocab;
+  if (type == "json_object") {
+    seq.adjust.constraint.json = JsonSchema::any_object();
+    return;
+  }
+  const nlohmann::json* js = r.find("json_schema");
+  if (!js || !js->is_object()) r.fail("json_schema", "an object with the schema under \"schema\"");
+  const JsonFields spec(*js, r.path("json_schema"));
+  spec.string("name");
+  spec.boolean("strict");
+  const nlohmann::json* schema = spec.find("schema");
+  if (!schema || !(schema->is_object() || schema->is_boolean()))
+    spec.fail("schema", "a JSON schema (an object)");
+  const nlohmann::ordered_json ordered =
+      nlohmann::ordered_json::parse(body)["response_format"]["json_schema"]["schema"];
+  try {
+    seq.adjust.constraint.json = JsonSchema::compile(ordered, spec.path("schema"));
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), "response_format");
+  }
 }
 
 std::vector<int32_t> int_array(const JsonFields& f, const std::string& key, int64_t vocab) {
@@ -143,8 +166,8 @@ LogitsAdjustments logits_adjustments(const JsonFields& f, const ServingContext& 
 
 // Fields shared by both endpoints, into r and the sequence every choice starts from; max_new_tokens is
 // settled once the prompt length is known.
-void parse_common(const JsonFields& f, const ServingContext& ctx, GenerationRequest& r, SeqRequest& seq,
-                  std::optional<int64_t>& max_tokens) {
+void parse_common(const JsonFields& f, const std::string& body, const ServingContext& ctx,
+                  GenerationRequest& r, SeqRequest& seq, std::optional<int64_t>& max_tokens) {
   check_model(f, ctx);
   r.n = f.integer("n", 1, kMaxInt).value_or(1);
   r.stream = f.boolean("stream").value_or(false);
@@ -176,7 +199,7 @@ void parse_common(const JsonFields& f, const ServingContext& ctx, GenerationRequ
   seq.stop_ids = int_array(f, "stop_token_ids", ctx.vocab_size);
   seq.stop_at_eos = !f.boolean("ignore_eos").value_or(false);
   seq.adjust = logits_adjustments(f, ctx);
-  parse_response_format(f, ctx, seq);
+  parse_response_format(f, body, ctx, seq);
   r.prompt_logprobs = static_cast<int32_t>(f.integer("prompt_logprobs", 0, kMaxLogprobs).value_or(-1));
   if (r.prompt_logprobs >= 0 && r.stream) f.fail("prompt_logprobs", "absent on a stream");
   seq.prompt_logprobs = r.prompt_logprobs;
@@ -366,15 +389,96 @@ std::vector<ChatMessage> parse_messages(const nlohmann::json& messages) {
 }
 
 std::shared_ptr<const ConstraintVocab> constraint_vocab(const Tokenizer& tok, int64_t model_vocab) {
-  auto v = std::make_shared<ConstraintVocab>();
-  v->bytes.resize(static_cast<size_t>(model_vocab));
-  v->is_text.assign(static_cast<size_t>(model_vocab), 0);
+  std::vector<std::string> bytes(static_cast<size_t>(model_vocab));
+  std::vector<uint8_t> is_text(static_cast<size_t>(model_vocab), 0);
   for (int32_t id = 0; id < model_vocab; ++id) {
     if (!tok.contains(id) || tok.is_added(id)) continue;
-    v->bytes[id] = std::string(tok.token_bytes(id));
-    v->is_text[id] = 1;
+    bytes[id] = std::string(tok.token_bytes(id));
+    is_text[id] = 1;
   }
-  return v;
+  return std::make_shared<ConstraintVocab>(std::move(bytes), std::move(is_text));
+}
+
+// tool_choice: "auto" (the default) or "none"; "required" or {"type": "function", "function": {"name"}}
+// force a tool call, and set `forced` to "required" or the name.
+std::string parse_tool_choice(const JsonFields& f, std::string& forced) {
+  const nlohmann::json* tc = f.find("tool_choice");
+  if (!tc) return "auto";
+  constexpr const char* kExpected =
+      "\"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}";
+  if (tc->is_object()) {
+    const JsonFields c(*tc, f.path("tool_choice"));
+    if (c.string("type").value_or("function") != "function") c.fail("type", "\"function\"");
+    const nlohmann::json* fn = c.find("function");
+    if (!fn || !fn->is_object()) c.fail("function", "an object with the tool's name");
+    const JsonFields named(*fn, c.path("function"));
+    forced = named.string("name").value_or("");
+    if (forced.empty()) named.fail("name", "a non-empty string");
+    return "function";
+  }
+  if (!tc->is_string()) f.fail("tool_choice", kExpected);
+  const std::string choice = tc->get<std::string>();
+  if (choice != "auto" && choice != "none" && choice != "required") {
+    f.fail("tool_choice", fmt::format("{} (got \"{}\")", kExpected, choice));
+  }
+  if (choice == "required") forced = choice;
+  return choice;
+}
+
+// tool_choice "required" or a named function: the output is constrained to a tool-call section of the
+// declared tools (or the named one), each call's arguments following the tool's parameters schema
+// (runtime/tool_call_prefix.h), in Kimi Linear's format.
+void force_tool_calls(const nlohmann::ordered_json& tools, const std::string& forced,
+                      const ServingContext& ctx, SeqRequest& seq) {
+  if (ctx.chat->format() != ChatFormat::kKimiLinear) {
+    throw ApiError(400,
+                   fmt::format("tool_choice \"required\" or a named function is supported in Kimi Linear's "
+                               "tool-call format; this model's chat format is {}",
+                               chat_format_name(ctx.chat->format())),
+                   "tool_choice");
+  }
+  if (seq.adjust.constraint) {
+    throw ApiError(400,
+                   "tool_choice \"required\" or a named function cannot be combined with a JSON "
+                   "response_format: both constrain the output",
+                   "tool_choice");
+  }
+  ToolCallGrammar::Markers m;
+  const std::pair<int32_t*, const char*> markers[] = {{&m.section_begin, "<|tool_calls_section_begin|>"},
+                                                      {&m.call_begin, "<|tool_call_begin|>"},
+                                                      {&m.argument_begin, "<|tool_call_argument_begin|>"},
+                                                      {&m.call_end, "<|tool_call_end|>"},
+                                                      {&m.section_end, "<|tool_calls_section_end|>"}};
+  for (const auto& [id, text] : markers) {
+    const std::optional<int32_t> found = ctx.tokenizer->special_id(text);
+    if (!found) {
+      throw ApiError(400, fmt::format("tool_choice: the model's tokenizer has no {} token", text),
+                     "tool_choice");
+    }
+    *id = *found;
+  }
+  std::vector<ToolCallGrammar::Tool> chosen;
+  try {
+    for (size_t i = 0; i < tools.size(); ++i) {
+      const nlohmann::ordered_json& fn = tools[i]["function"];
+      const std::string name = fn["name"].get<std::string>();
+      if (forced != "required" && name != forced) continue;
+      // No parameters: a function of none, so its arguments are {}.
+      const nlohmann::ordered_json none = {{"type", "object"}, {"additionalProperties", false}};
+      const std::string path = fmt::format("tools[{}].function.parameters", i);
+      chosen.push_back(
+          {name, JsonSchema::compile(fn.contains("parameters") ? fn["parameters"] : none, path)});
+    }
+    if (chosen.empty()) {
+      throw ApiError(400, fmt::format("tool_choice names \"{}\", which is not among the tools", forced),
+                     "tool_choice");
+    }
+    seq.adjust.constraint.vocab = ctx.json_vocab;
+    seq.adjust.constraint.tool_calls =
+        std::make_shared<ToolCallGrammar>(m, std::move(chosen), /*one_call=*/forced != "required");
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), "tools");
+  }
 }
 
 GenerationRequest parse_completion_request(const std::string& body, const ServingContext& ctx) {
@@ -384,7 +488,7 @@ GenerationRequest parse_completion_request(const std::string& body, const Servin
   r.endpoint = Endpoint::kCompletions;
   SeqRequest seq;
   std::optional<int64_t> max_tokens;
-  parse_common(f, ctx, r, seq, max_tokens);
+  parse_common(f, body, ctx, r, seq, max_tokens);
   if (f.string("suffix")) f.fail("suffix", "absent (suffix is not supported)");
   // Completions: logprobs is the number of alternatives (0 = the sampled token's only).
   seq.top_logprobs = static_cast<int32_t>(f.integer("logprobs", 0, kMaxLogprobs).value_or(-1));
@@ -419,7 +523,7 @@ GenerationRequest parse_chat_request(const std::string& body, const ServingConte
   r.endpoint = Endpoint::kChat;
   SeqRequest seq;
   std::optional<int64_t> max_tokens;
-  parse_common(f, ctx, r, seq, max_tokens);
+  parse_common(f, body, ctx, r, seq, max_tokens);
   refuse_zero_tokens(f, max_tokens, "at least 1");
   check_choices(ctx, 1, r);
   if (f.boolean("logprobs").value_or(false)) {
@@ -432,20 +536,8 @@ GenerationRequest parse_chat_request(const std::string& body, const ServingConte
   if (!messages) f.fail("messages", "a non-empty array");
   const std::vector<ChatMessage> msgs = parse_messages(*messages);
 
-  std::string tool_choice = "auto";
-  if (const nlohmann::json* tc = f.find("tool_choice")) {
-    if (!tc->is_string()) {
-      f.fail("tool_choice",
-             "\"auto\" or \"none\" (forcing a named tool needs constrained decoding, not supported)");
-    }
-    tool_choice = tc->get<std::string>();
-    if (tool_choice != "auto" && tool_choice != "none") {
-      f.fail("tool_choice",
-             fmt::format("\"auto\" or \"none\" (got \"{}\"; \"required\" needs constrained decoding, "
-                         "not supported)",
-                         tool_choice));
-    }
-  }
+  std::string forced;  // "required", or the name of the function tool_choice names
+  const std::string tool_choice = parse_tool_choice(f, forced);
   // The client's key order, which the Kimi template reproduces (chat_template.h, render_ordered).
   nlohmann::ordered_json tools = nullptr;
   if (const nlohmann::json* t = f.find("tools")) {
@@ -461,6 +553,9 @@ GenerationRequest parse_chat_request(const std::string& body, const ServingConte
     if (!t->empty()) tools = nlohmann::ordered_json::parse(body)["tools"];
   }
   r.parse_tools = !tools.is_null() && tool_choice != "none";
+  if (!forced.empty() && tools.is_null()) {
+    f.fail("tools", "a non-empty array (tool_choice \"required\" or a named function calls one of them)");
+  }
 
   if (!ctx.tokenizer || !ctx.chat) {
     throw ApiError(
@@ -468,6 +563,7 @@ GenerationRequest parse_chat_request(const std::string& body, const ServingConte
         "this model has no tokenizer (no tiktoken.model in its directory): use /v1/completions with "
         "token ids");
   }
+  if (!forced.empty()) force_tool_calls(tools, forced, ctx, seq);
   try {
     // A tool list with tool_choice "none" is still declared: the model may mention the tools but not call
     // them.

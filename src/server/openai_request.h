@@ -1,9 +1,10 @@
 // Requests of /v1/completions and /v1/chat/completions, validated into what the engine runs. Every
-// field is read with its type and range checked (json_fields.h); what helixlm does not implement
-// (suffix, a JSON schema, tool_choice "required") is refused by name rather than silently ignored. Prompts
-// are tokenized here, and lengths are checked against --max-model-len, so a request the engine would refuse
-// never leaves the HTTP thread. A request becomes one engine sequence per choice: n per prompt (best_of with
-// /v1/completions), and /v1/completions takes a batch of prompts.
+// field is read with its type and range checked (json_fields.h); what helixlm does not implement (suffix,
+// JSON Schema keywords outside runtime/json_schema.h's subset, a forced tool call in K3's format) is refused
+// by name rather than silently ignored. Prompts are tokenized here, and lengths are checked against
+// --max-model-len, so a request the engine would refuse never leaves the HTTP thread. A request becomes one
+// engine sequence per choice: n per prompt (best_of with /v1/completions), and /v1/completions takes a batch
+// of prompts.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/json_grammar.h"
+#include "runtime/logits_processor.h"
 #include "runtime/scheduler.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -34,7 +35,7 @@ struct ServingContext {
   int64_t max_choices = 1;
   // The model's own Jinja chat template, for clients that render chats themselves (/tokenizer_info).
   std::optional<std::string> jinja_chat_template{};
-  // The vocabulary as text, for response_format json_object; null without a tokenizer.
+  // The vocabulary as text, for response_format json_object and json_schema; null without a tokenizer.
   std::shared_ptr<const ConstraintVocab> json_vocab{};
 };
 

@@ -7,6 +7,7 @@ import json
 import subprocess
 import unittest
 
+import jsonschema
 import openai
 
 from server_harness import TINY_MODEL, Server, helixlm_binary
@@ -375,8 +376,54 @@ class Text(unittest.TestCase):
                 self.assertIsInstance(json.loads(text), dict, repr(text))
                 finished += 1
         self.assertGreater(finished, 0)  # the random model closes some objects within 120 tokens
+
+    def test_json_schema_mode_follows_the_schema(self):
+        schema = {
+            "$defs": {"Tag": {"type": "string", "maxLength": 3}},
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 6},
+                "kind": {"enum": ["cat", "dog", 7]},
+                "size": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+                "tags": {"type": "array", "items": {"$ref": "#/$defs/Tag"}, "maxItems": 2},
+            },
+            "required": ["name", "kind", "tags"],
+            "additionalProperties": False,
+        }
+        fmt = {"type": "json_schema", "json_schema": {"name": "pet", "schema": schema, "strict": True}}
+        finished = 0
+        for seed in range(16):
+            r = chat(max_tokens=60, temperature=1.0, seed=seed, response_format=fmt)
+            text = r.choices[0].message.content
+            self.assertTrue(text.lstrip().startswith("{"), repr(text))
+            if r.choices[0].finish_reason == "stop":
+                value = json.loads(text)
+                jsonschema.validate(value, schema)  # an independent validator
+                # Declared order, required ones present: the constraint's own promises.
+                order = [k for k in schema["properties"] if k in value]
+                self.assertEqual(list(value), order, repr(text))
+                finished += 1
+        self.assertGreater(finished, 0)
+        # On /v1/completions too.
+        c = CLIENT.completions.create(model=NAME, prompt=PROMPT, max_tokens=60, temperature=0,
+                                      extra_body={"response_format": fmt})
+        self.assertTrue(c.choices[0].text.lstrip().startswith("{"), repr(c.choices[0].text))
+
+    def test_json_schema_mode_refuses_what_it_cannot_follow_by_name(self):
+        def refused(schema):
+            with self.assertRaises(openai.BadRequestError) as e:
+                chat(max_tokens=4, response_format={"type": "json_schema",
+                                                    "json_schema": {"name": "x", "schema": schema}})
+            return str(e.exception)
+
+        self.assertIn('response_format.json_schema.schema.properties.age: "minimum" is not supported',
+                      refused({"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}))
+        self.assertIn("may both begin with", refused({"anyOf": [{"type": "integer"}, {"type": "number"}]}))
         with self.assertRaises(openai.BadRequestError):
-            chat(max_tokens=4, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})
+            chat(max_tokens=4, response_format={"type": "json_schema", "json_schema": {"name": "x"}})
+        with self.assertRaises(openai.BadRequestError):
+            chat(max_tokens=4, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}},
+                 extra_body={"ignore_eos": True})
 
     def test_chat_logprobs(self):
         r = chat(max_tokens=3, logprobs=True, top_logprobs=2, **GREEDY)
@@ -386,14 +433,70 @@ class Text(unittest.TestCase):
             self.assertEqual(len(entry.top_logprobs), 2)
             self.assertAlmostEqual(entry.logprob, entry.top_logprobs[0].logprob, places=5)
 
-    def test_tools_are_accepted_and_required_is_refused(self):
+    def test_tools_are_accepted(self):
         tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
                                                    "parameters": {"type": "object",
                                                                   "properties": {"city": {"type": "string"}}}}}]
         r = chat(max_tokens=4, tools=tools, **GREEDY)
         self.assertIn(r.choices[0].finish_reason, ("length", "stop", "tool_calls"))
-        with self.assertRaises(openai.BadRequestError):
-            chat(max_tokens=4, tools=tools, tool_choice="required")
+
+    TOOLS = [
+        {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string", "maxLength": 6},
+                                             "unit": {"enum": ["C", "F"]}},
+            "required": ["city", "unit"], "additionalProperties": False}}},
+        {"type": "function", "function": {"name": "get_time"}},
+    ]
+
+    def forced_calls(self, tool_choice):
+        """The tool calls of the seeds whose section closed within max_tokens (finish_reason tool_calls)."""
+        finished = []
+        for seed in range(12):
+            r = chat(max_tokens=80, temperature=1.0, seed=seed, tools=self.TOOLS, tool_choice=tool_choice)
+            choice = r.choices[0]
+            if choice.finish_reason == "tool_calls":
+                self.assertFalse(choice.message.content, repr(choice.message.content))
+                finished.append(choice.message.tool_calls)
+            else:
+                self.assertEqual(choice.finish_reason, "length")
+        self.assertGreater(len(finished), 0)  # the random model closes some sections within 80 tokens
+        schemas = {t["function"]["name"]: t["function"].get("parameters", {"type": "object",
+                                                                           "additionalProperties": False})
+                   for t in self.TOOLS}
+        for calls in finished:
+            self.assertGreater(len(calls), 0)
+            for call in calls:
+                jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+        return finished
+
+    def test_a_named_tool_choice_makes_exactly_one_call_to_it(self):
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        for calls in self.forced_calls(named):
+            self.assertEqual([c.function.name for c in calls], ["get_weather"])
+
+    def test_required_makes_one_or_more_calls_to_the_tools(self):
+        for calls in self.forced_calls("required"):
+            self.assertTrue(all(c.function.name in ("get_weather", "get_time") for c in calls))
+
+    def test_forcing_a_tool_is_refused_where_it_cannot_be_followed(self):
+        def refused(**kw):
+            with self.assertRaises(openai.BadRequestError) as e:
+                chat(max_tokens=4, **kw)
+            return e.exception.body
+
+        self.assertEqual(refused(tool_choice="required")["param"], "tools")
+        self.assertEqual(refused(tools=self.TOOLS, tool_choice={"type": "function",
+                                                                "function": {"name": "get_news"}})["param"],
+                         "tool_choice")
+        minimum = [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}}}]
+        body = refused(tools=minimum, tool_choice="required")
+        self.assertEqual(body["param"], "tools")
+        self.assertIn('tools[0].function.parameters.properties.n: "minimum" is not supported', body["message"])
+        dashed = [{"type": "function", "function": {"name": "get-weather"}}]
+        self.assertIn("get-weather", refused(tools=dashed, tool_choice="required")["message"])
+        self.assertEqual(refused(tools=self.TOOLS, tool_choice="required",
+                                 response_format={"type": "json_object"})["param"], "tool_choice")
 
     def test_helixlm_chat_answers_as_the_server_does(self):
         whole = chat(max_tokens=12, **GREEDY).choices[0].message

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 
 #include "base/error.h"
 #include "runtime/sampler.h"
@@ -98,11 +99,11 @@ TEST(LogitsProcessor, TheSamplerNeverDrawsACutToken) {
 }
 
 TEST(LogitsProcessor, AJsonObjectConstraintLeavesOnlyIdsThatKeepTheOutputAnObjectPrefix) {
-  auto vocab = std::make_shared<ConstraintVocab>();
-  vocab->bytes = {"{", "}", "\"a\"", ":", " 1", "x", "<|im_end|>", "<eos>", " "};
-  vocab->is_text = {1, 1, 1, 1, 1, 1, 0, 0, 1};
+  auto vocab = std::make_shared<ConstraintVocab>(
+      std::vector<std::string>{"{", "}", "\"a\"", ":", " 1", "x", "<|im_end|>", "<eos>", " "},
+      std::vector<uint8_t>{1, 1, 1, 1, 1, 1, 0, 0, 1});
   LogitsAdjustments a;
-  a.json_object = vocab;
+  a.constraint = {vocab, JsonSchema::any_object(), nullptr};
   LogitsProcessor p(a, {}, /*end_ids=*/{7});
   EXPECT_TRUE(p.needed());
   auto allowed = [&p] {
@@ -127,6 +128,55 @@ TEST(LogitsProcessor, AJsonObjectConstraintLeavesOnlyIdsThatKeepTheOutputAnObjec
   p.observe(1);
   EXPECT_EQ(allowed(), (std::vector<int>{7}));      // complete: only the end
   EXPECT_THROW(LogitsProcessor(a, {}, {}), Error);  // no end id: the sequence could never end
+}
+
+// The processor decides most ids by their first byte, or as plain text inside a string; the mask must be
+// the one that feeding every id's bytes to a copy of the recognizer gives. Checked along sampled
+// outputs of a schema with length bounds, over a vocabulary of random pieces of JSON.
+TEST(LogitsProcessor, ASchemaConstraintMasksExactlyTheIdsTheRecognizerAccepts) {
+  const auto schema = JsonSchema::compile(nlohmann::ordered_json::parse(R"({"type": "object",
+      "properties": {"s": {"type": "string", "maxLength": 5}, "n": {"type": "integer"},
+                     "v": {"type": "array", "items": {"enum": ["ab", 1, null]}}, "o": {}},
+      "required": ["s", "v"], "additionalProperties": false})"),
+                                          "schema");
+  // Every byte the schema's keys spell is a piece, as a byte-level BPE vocabulary has every byte.
+  const std::string pieces = R"({}[]",: \abnulsvo1-.e)"
+                             "\n\xc3\xa9";
+  std::mt19937 rng(3);
+  std::vector<std::string> bytes = {"<eos>"};
+  std::vector<uint8_t> text = {0};
+  for (int id = 1; id < 3000; ++id) {
+    std::string t;
+    for (size_t n = 1 + rng() % 4; n > 0; --n) t += pieces[rng() % pieces.size()];
+    bytes.push_back(t);
+    text.push_back(1);
+  }
+  const auto vocab = std::make_shared<ConstraintVocab>(bytes, text);
+  const auto v = static_cast<int64_t>(bytes.size());
+  for (int walk = 0; walk < 20; ++walk) {
+    LogitsAdjustments a;
+    a.constraint = {vocab, schema, nullptr};
+    LogitsProcessor p(a, {}, /*end_ids=*/{0});
+    JsonSchemaPrefix state(*schema);
+    std::string out;
+    for (int step = 0; step < 60; ++step) {
+      std::vector<float> x(static_cast<size_t>(v), 1.0f);
+      p.apply(x.data(), v, 1.0f);
+      std::vector<int32_t> allowed;
+      for (int32_t id = 0; id < v; ++id) {
+        JsonSchemaPrefix next = state;
+        const bool want = state.complete() ? id == 0 : text[id] && next.feed(bytes[id]);
+        ASSERT_EQ(x[id] != kMaskedLogit, want) << "id " << id << " '" << bytes[id] << "' at step " << step;
+        if (want) allowed.push_back(id);
+      }
+      ASSERT_FALSE(allowed.empty()) << out;
+      const int32_t id = allowed[rng() % allowed.size()];
+      if (id == 0) break;
+      p.observe(id);
+      ASSERT_TRUE(state.feed(bytes[id]));
+      out += bytes[id];
+    }
+  }
 }
 
 TEST(LogitsProcessor, RefusesOutOfRangeAdjustments) {

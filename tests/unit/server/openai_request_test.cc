@@ -86,7 +86,9 @@ TEST(OpenAiRequest, WrongFieldsAreRefusedByName) {
       {R"({"prompt": [1], "logit_bias": [5]})", 400, "logit_bias"},
       {R"({"prompt": [1], "response_format": {"type": "json_object"}})", 400,
        "response_format"},  // no tokenizer
-      {R"({"prompt": [1], "response_format": {"type": "json_schema"}})", 400, "response_format.type"},
+      {R"({"prompt": [1], "response_format": {"type": "json_schema"}})", 400,
+       "response_format"},  // no tokenizer
+      {R"({"prompt": [1], "response_format": {"type": "grammar"}})", 400, "response_format.type"},
       {R"({"prompt": [1], "suffix": "x"})", 400, "suffix"},
       {R"({"prompt": [1], "echo": 1})", 400, "echo"},
       {R"({"prompt": [1], "logprobs": 21})", 400, "logprobs"},
@@ -199,6 +201,44 @@ TEST(OpenAiRequest, PenaltiesBiasMinPAndMinTokensReachTheSequence) {
           .adjust.active());
 }
 
+TEST(OpenAiRequest, AJsonSchemaIsCompiledInTheClientsKeyOrder) {
+  ServingContext ctx = id_only();
+  ctx.json_vocab =
+      std::make_shared<ConstraintVocab>(std::vector<std::string>(512, "x"), std::vector<uint8_t>(512, 1));
+  const GenerationRequest r = parse_completion_request(
+      R"({"prompt": [1], "response_format": {"type": "json_schema", "json_schema": {"name": "n", "strict": true,
+          "schema": {"type": "object", "properties": {"zeta": {"type": "string"}, "alpha": {"type": "null"}},
+                     "additionalProperties": false}}}})",
+      ctx);
+  const OutputConstraint& c = r.choices[0].adjust.constraint;
+  ASSERT_TRUE(c.json);
+  EXPECT_EQ(c.vocab, ctx.json_vocab);
+  // The root is an alias of the object, which keeps "zeta" before "alpha" as the request wrote them.
+  const JsonSchema::Node& object = c.json->node(c.json->node(JsonSchema::kRoot).branches[0]);
+  ASSERT_EQ(object.properties.size(), 2u);
+  EXPECT_EQ(object.properties[0].key, "\"zeta\"");
+  EXPECT_EQ(object.properties[1].key, "\"alpha\"");
+  EXPECT_TRUE(r.choices[0].adjust.active());
+
+  const std::vector<std::tuple<std::string, std::string, std::string>> refused = {
+      {R"({"type": "json_schema", "json_schema": {"name": "n"}})", "response_format.json_schema.schema",
+       "a JSON schema"},
+      {R"({"type": "json_schema", "json_schema": {"name": 3, "schema": {}}})",
+       "response_format.json_schema.name", "string"},
+      {R"({"type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "a"}}})",
+       "response_format", "response_format.json_schema.schema: \"pattern\" is not supported"},
+  };
+  for (const auto& [format, param, message] : refused) {
+    try {
+      parse_completion_request(R"({"prompt": [1], "response_format": )" + format + "}", ctx);
+      ADD_FAILURE() << format << " was accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param(), param) << format;
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(OpenAiRequest, EchoWithLogprobsScoresThePrompt) {
   const GenerationRequest scored = parse_completion_request(
       R"({"prompt": [1, 2], "echo": true, "logprobs": 1, "max_tokens": 0})", id_only());
@@ -266,7 +306,12 @@ TEST(OpenAiRequest, ChatNeedsATokenizerAndValidatesMessages) {
       {R"({"messages": [{"role": "tool", "content": "x"}]})", "messages[0].tool_call_id"},
       {R"({"messages": [{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}]})",
        "messages[0].tool_calls[0].function.name"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})", "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})", "tools"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "always"})", "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"function": {}}})",
+       "tool_choice.function.name"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "web"}})",
+       "tool_choice.type"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})",
        "tools[0].function"},
       {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs"},
