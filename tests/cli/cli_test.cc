@@ -332,6 +332,43 @@ TEST(Cli, OneRanksErrorEndsEveryRank) {
       << r.err;
 }
 
+// `helixlm chat --json-schema`: the answer is an instance of the file's schema (a seed whose sampled
+// answer closes within -n), properties in their declared order; a schema outside the subset is refused
+// before the model loads, naming the file and the keyword.
+TEST(Cli, ChatAnswersFollowAJsonSchema) {
+  const std::string schema = kScratch + "/answer_schema.json";
+  std::ofstream(schema) << R"({"type": "object", "properties": {"a": {"enum": [1, 2]},
+      "b": {"type": "string", "maxLength": 5}}, "required": ["a", "b"], "additionalProperties": false})";
+  const std::string in = kScratch + "/chat_in.txt";
+  std::ofstream(in) << "Hello\n";
+  const Result r = run(fmt::format("{} chat -m {} --json-schema {} -n 60 --temperature 0.8 --seed 1 <{}",
+                                   kBin, kTiny, schema, in));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto answer = nlohmann::ordered_json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(answer.is_object()) << r.out;
+  ASSERT_EQ(answer.size(), 2u) << r.out;
+  EXPECT_EQ(answer.begin().key(), "a");
+  EXPECT_TRUE(answer["a"] == 1 || answer["a"] == 2) << r.out;
+  ASSERT_TRUE(answer["b"].is_string()) << r.out;
+
+  const std::string bad = kScratch + "/bad_schema.json";
+  std::ofstream(bad) << R"({"type": "integer", "minimum": 1})";
+  const std::vector<ErrorCase> cases = {
+      {fmt::format("chat -m {} --json-schema {} </dev/null", kTiny, bad),
+       bad + ": \"minimum\" is not supported"},
+      {fmt::format("chat -m {} --json-schema {}/none.json </dev/null", kTiny, kScratch),
+       "--json-schema: cannot read " + kScratch + "/none.json"},
+      {fmt::format("chat -m {} --json-schema {} --json </dev/null", kTiny, schema),
+       "--json-schema excludes --json"},
+  };
+  for (const ErrorCase& c : cases) {
+    const Result e = run(kBin + " " + c.args, 60);
+    EXPECT_EQ(e.code, 1) << c.args << "\n" << e.err;
+    EXPECT_NE(e.err.find("helixlm: error: " + c.message), std::string::npos) << c.args << "\n" << e.err;
+    EXPECT_EQ(e.err.find("loaded"), std::string::npos) << "refused after loading the model:\n" << e.err;
+  }
+}
+
 // `helixlm tokenize` with `stdin` as its input; the ids below come from pip tiktoken
 // (tests/fixtures/tokenizer/tiny_expected.json).
 Result tokenize(const std::string& args, const std::string& stdin_text) {
