@@ -61,11 +61,35 @@ bool JsonSchemaPrefix::complete() const {
   return f.kind == Kind::kLiteral && node(f).literals[f.a].size() == f.c;
 }
 
-uint32_t JsonSchemaPrefix::string_room() const {
-  if (depth_ == 0) return 0;
+void JsonSchemaPrefix::append_key(std::string& key) const {
+  const auto put = [&key](const auto& v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  put(depth_);
+  put(containers_);
+  put(done_);
+  put(ws_);
+  for (int i = 0; i < depth_; ++i) {
+    Frame f = frames_[i];
+    const JsonSchema::Node& n = node(f);
+    // A count with no upper bound is read only against its lower one.
+    if (f.kind == Kind::kArray && n.max_items == JsonSchema::kUnbounded) f.a = std::min(f.a, n.min_items);
+    if (f.kind == Kind::kString && !f.key && n.max_length == JsonSchema::kUnbounded) {
+      f.a = std::min(f.a, n.min_length);
+    }
+    put(f.kind);
+    put(f.phase);
+    put(f.key);
+    put(f.node);
+    put(f.a);
+    put(f.b);
+    put(f.c);
+  }
+}
+
+int64_t JsonSchemaPrefix::string_room() const {
+  if (depth_ == 0) return -1;
   const Frame& f = frames_[depth_ - 1];
-  if (f.kind != Kind::kString || f.phase != kChars || f.b != 0) return 0;
-  return f.key ? JsonSchema::kUnbounded : node(f).max_length - f.a;
+  if (f.kind != Kind::kString || f.phase != kChars || f.b != 0) return -1;
+  return f.key ? int64_t{JsonSchema::kUnbounded} : int64_t{node(f).max_length} - f.a;
 }
 
 bool JsonSchemaPrefix::whitespace(unsigned char c) {

@@ -16,6 +16,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "runtime/json_schema.h"
@@ -39,9 +40,14 @@ class JsonSchemaPrefix {
   }
   // The bytes fed form one complete instance.
   bool complete() const;
-  // How many bytes of plain text (printable ASCII other than '"' and '\\') are sure to be accepted next: the
-  // characters left inside an open string, 0 elsewhere.
-  uint32_t string_room() const;
+  // Appends the state as bytes, with what cannot change the accepted bytes left out (a count that only
+  // its bound reads, once past the other bound): equal keys accept the same bytes from here on, so a
+  // mask computed for one serves the other.
+  void append_key(std::string& key) const;
+  // Inside an open string, between characters: how many characters of plain string content (whole UTF-8
+  // characters, none of them '"', '\\' or a control character) may come next, so that a run of plain
+  // content is accepted exactly when it is no longer; -1 elsewhere.
+  int64_t string_room() const;
 
  private:
   enum class Kind : uint8_t { kObject, kArray, kKey, kString, kNumber, kLiteral };

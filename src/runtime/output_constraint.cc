@@ -1,21 +1,82 @@
 #include "runtime/output_constraint.h"
 
 #include <algorithm>
+#include <bit>
 #include <bitset>
 
 #include "base/error.h"
+#include "base/utf8.h"
 
 namespace hlm {
+
+namespace {
+
+// The second-byte table is built (256 feeds per first byte) only when this few first bytes pass.
+constexpr size_t kSecondByteFirsts = 16;
+
+// Characters of `b` as string content: whole, well-formed UTF-8 characters, none of them '"', '\\' or below
+// 0x20 (what JsonSchemaPrefix takes inside a string without escapes); -1 when `b` is not that.
+int32_t plain_string_chars(std::string_view b) {
+  int32_t chars = 0;
+  for (size_t i = 0; i < b.size(); ++chars) {
+    const auto c = static_cast<unsigned char>(b[i]);
+    if (c < 0x80) {
+      if (c < 0x20 || c == '"' || c == '\\') return -1;
+      ++i;
+      continue;
+    }
+    const size_t n = utf8_sequence_length(b.substr(i));
+    if (n == 0) return -1;
+    i += n;
+  }
+  return chars;
+}
+
+}  // namespace
 
 ConstraintVocab::ConstraintVocab(std::vector<std::string> token_bytes, std::vector<uint8_t> text)
     : bytes(std::move(token_bytes)), is_text(std::move(text)) {
   HLM_CHECK(bytes.size() == is_text.size(), "a constraint vocabulary of {} ids with {} text flags",
             bytes.size(), is_text.size());
-  plain.resize(bytes.size());
-  for (size_t id = 0; id < bytes.size(); ++id) {
-    plain[id] = is_text[id] && std::all_of(bytes[id].begin(), bytes[id].end(), [](char c) {
-                  return c >= 0x20 && c < 0x7F && c != '"' && c != '\\';
-                });
+  const size_t n = bytes.size();
+  string_chars.assign(n, -1);
+  length.assign(n, 0);
+  plain_bits.assign((n + 63) / 64, 0);
+  std::vector<size_t> groups[256];  // text ids by first byte, plain ones and others apart
+  std::vector<size_t> other_groups[256];
+  std::vector<std::vector<size_t>> pairs(256 * 257);
+  for (size_t id = 0; id < n; ++id) {
+    const std::string& b = bytes[id];
+    length[id] = static_cast<uint16_t>(std::min<size_t>(b.size(), UINT16_MAX));
+    if (!is_text[id] || b.empty()) {
+      non_text.push_back(static_cast<int32_t>(id));
+      continue;
+    }
+    string_chars[id] = plain_string_chars(b);
+    const auto c = static_cast<unsigned char>(b[0]);
+    pairs[c * 257 + (b.size() > 1 ? static_cast<unsigned char>(b[1]) : 256)].push_back(id);
+    groups[c].push_back(id);
+    if (string_chars[id] >= 0) {
+      plain_bits[id / 64] |= uint64_t{1} << (id % 64);
+      max_plain_chars = std::max(max_plain_chars, string_chars[id]);
+    } else {
+      other_groups[c].push_back(id);
+    }
+  }
+  auto flatten = [](const std::vector<size_t>(&g)[256], std::vector<uint32_t>& offsets,
+                    std::vector<int32_t>& ids) {
+    offsets.assign(257, 0);
+    for (size_t c = 0; c < 256; ++c) {
+      offsets[c + 1] = offsets[c] + static_cast<uint32_t>(g[c].size());
+      for (size_t id : g[c]) ids.push_back(static_cast<int32_t>(id));
+    }
+  };
+  flatten(groups, first_offsets, by_first);
+  flatten(other_groups, other_offsets, other_by_first);
+  pair_offsets.assign(pairs.size() + 1, 0);
+  for (size_t p = 0; p < pairs.size(); ++p) {
+    pair_offsets[p + 1] = pair_offsets[p] + static_cast<uint32_t>(pairs[p].size());
+    for (size_t id : pairs[p]) by_pair.push_back(static_cast<int32_t>(id));
   }
 }
 
@@ -52,49 +113,137 @@ void ConstrainedOutput::observe(int32_t id) {
 }
 
 void ConstrainedOutput::mask(float* logits, int64_t vocab, float masked) const {
-  if (json_)
-    mask_with(
-        *json_, [](int32_t) { return false; }, logits, vocab, masked);
-  if (tools_) {
-    mask_with(
-        *tools_, [this](int32_t id) { return tools_->marker_allowed(id); }, logits, vocab, masked);
+  std::string key;
+  key.append(reinterpret_cast<const char*>(&vocab), sizeof(vocab));
+  if (json_) json_->append_key(key);
+  if (tools_) tools_->append_key(key);
+  auto it = cache_.find(key);
+  if (it == cache_.end()) {
+    if (cache_.size() >= kCachedMasks) cache_.clear();
+    Bits bits = json_ ? allowed(
+                            *json_, [](int32_t) { return false; }, vocab)
+                      : allowed(
+                            *tools_, [this](int32_t id) { return tools_->marker_allowed(id); }, vocab);
+    it = cache_.emplace(std::move(key), std::move(bits)).first;
   }
+  apply(it->second, logits, vocab, masked);
 }
 
-// Every text id is tried on a copy of the recognizer (as deep as the output's nesting), unless cheaper tests
-// decide it: its first byte, tried once for all 256; or, inside a string, plain text that fits.
+void ConstrainedOutput::apply(const Bits& bits, float* x, int64_t vocab, float masked) {
+  const auto words = static_cast<int64_t>(bits.size());
+  int64_t set = 0;
+  for (uint64_t w : bits) set += std::popcount(w);
+  if (2 * set >= vocab) {  // mostly allowed: visit the refused
+    for (int64_t w = 0; w < words; ++w) {
+      for (uint64_t refused = ~bits[static_cast<size_t>(w)]; refused != 0; refused &= refused - 1) {
+        const int64_t id = w * 64 + std::countr_zero(refused);
+        if (id < vocab) x[id] = masked;
+      }
+    }
+    return;
+  }
+  // Mostly refused: keep the allowed logits, mask everything, put them back.
+  std::vector<std::pair<int64_t, float>> kept;
+  kept.reserve(static_cast<size_t>(set));
+  for (int64_t w = 0; w < words; ++w) {
+    for (uint64_t ok = bits[static_cast<size_t>(w)]; ok != 0; ok &= ok - 1) {
+      const int64_t id = w * 64 + std::countr_zero(ok);
+      kept.emplace_back(id, x[id]);
+    }
+  }
+  std::fill(x, x + vocab, masked);
+  for (const auto& [id, value] : kept) x[id] = value;
+}
+
+// Only the text ids whose first byte the recognizer takes are visited (the vocabulary groups them by first
+// byte), and where few first bytes pass (between JSON tokens) only those whose first two bytes it takes.
+// Of those, an id is decided without a copy of the recognizer when it is one or two bytes, or plain string
+// content inside a string (by its length in characters); the rest are fed to a copy, as deep as the
+// output's nesting.
 template <class Prefix, class MarkerAllowed>
-void ConstrainedOutput::mask_with(const Prefix& state, MarkerAllowed marker_allowed, float* x, int64_t vocab,
-                                  float masked) const {
+ConstrainedOutput::Bits ConstrainedOutput::allowed(const Prefix& state, MarkerAllowed marker_allowed,
+                                                   int64_t vocab) const {
   const ConstraintVocab& v = *c_.vocab;
-  const bool done = state.complete();
-  Prefix next = state;
+  Bits bits(static_cast<size_t>((vocab + 63) / 64), 0);
+  auto allow = [&bits](int64_t id) { bits[static_cast<size_t>(id >> 6)] |= uint64_t{1} << (id & 63); };
+  if (state.complete()) {
+    for (int32_t id : end_ids_) {
+      if (id >= 0 && id < vocab) allow(id);
+    }
+    return bits;
+  }
+  for (int32_t id : v.non_text) {
+    if (id < vocab && marker_allowed(id)) allow(id);
+  }
   std::bitset<256> first;
-  for (int c = 0; c < 256 && !done; ++c) {
-    next = state;
+  for (int c = 0; c < 256; ++c) {
+    Prefix next = state;
     first[c] = next.feed(static_cast<unsigned char>(c));
   }
-  const uint32_t room = state.string_room();
-  for (int64_t id = 0; id < vocab; ++id) {
-    bool ok = false;
-    const bool text = static_cast<size_t>(id) < v.bytes.size() && v.is_text[id] && !v.bytes[id].empty();
-    if (done) {
-      ok = std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end();
-    } else if (!text) {
-      ok = marker_allowed(static_cast<int32_t>(id));
-    } else {
-      const std::string& b = v.bytes[id];
-      if (!first[static_cast<unsigned char>(b[0])]) {
-        ok = false;
-      } else if (b.size() == 1 || (v.plain[id] && b.size() <= room)) {
+  std::vector<std::bitset<256>> second;
+  if (first.count() <= kSecondByteFirsts) {
+    second.resize(256);
+    for (int c = 0; c < 256; ++c) {
+      if (!first[c]) continue;
+      Prefix after = state;
+      after.feed(static_cast<unsigned char>(c));
+      for (int d = 0; d < 256; ++d) {
+        Prefix next = after;
+        second[c][d] = next.feed(static_cast<unsigned char>(d));
+      }
+    }
+  }
+  Prefix next = state;
+  // Few first bytes pass: visit only the ids whose first two bytes pass (a one-byte id passes whole).
+  if (!second.empty()) {
+    for (int c = 0; c < 256; ++c) {
+      if (!first[c]) continue;
+      for (int d = 0; d <= 256; ++d) {
+        if (d < 256 && !second[c][d]) continue;
+        const size_t p = static_cast<size_t>(c) * 257 + static_cast<size_t>(d);
+        for (uint32_t i = v.pair_offsets[p]; i < v.pair_offsets[p + 1]; ++i) {
+          const int32_t id = v.by_pair[i];
+          if (id >= vocab) continue;
+          if (d < 256 && v.length[id] > 2) {
+            next = state;
+            if (!next.feed(v.bytes[id])) continue;
+          }
+          allow(id);
+        }
+      }
+    }
+    return bits;
+  }
+  // Inside a string, a plain id is allowed exactly when it fits; with room for any, the plain ids are
+  // allowed as a block and only the others tried.
+  const int64_t room = state.string_room();
+  const bool plain_block = room >= v.max_plain_chars && room > 0;
+  if (plain_block) {
+    for (size_t w = 0; w < bits.size() && w < v.plain_bits.size(); ++w) bits[w] = v.plain_bits[w];
+    if (vocab % 64 != 0 && bits.size() <= v.plain_bits.size())
+      bits.back() &= (uint64_t{1} << (vocab % 64)) - 1;
+  }
+  const std::vector<uint32_t>& offsets = plain_block ? v.other_offsets : v.first_offsets;
+  const std::vector<int32_t>& ids = plain_block ? v.other_by_first : v.by_first;
+  for (int c = 0; c < 256; ++c) {
+    if (!first[c]) continue;
+    for (uint32_t i = offsets[c]; i < offsets[c + 1]; ++i) {
+      const int32_t id = ids[i];
+      if (id >= vocab) continue;
+      const int32_t chars = v.string_chars[id];
+      bool ok = false;
+      if (room >= 0 && chars >= 0) {
+        ok = chars <= room;
+      } else if (v.length[id] == 1) {
         ok = true;
       } else {
         next = state;
-        ok = next.feed(b);
+        ok = next.feed(v.bytes[id]);
       }
+      if (ok) allow(id);
     }
-    if (!ok) x[id] = masked;
   }
+  return bits;
 }
 
 }  // namespace hlm

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "runtime/json_schema_prefix.h"
@@ -19,15 +20,32 @@ namespace hlm {
 
 // What a constrained sequence may emit: the bytes of every id (by id), and whether the id is text (special
 // and other added tokens are not: only a tool-call section's markers may appear among them). Built once
-// per model and shared.
+// per model and shared, with the indexes the mask reads instead of the bytes.
 struct ConstraintVocab {
   ConstraintVocab(std::vector<std::string> token_bytes, std::vector<uint8_t> text);
 
   std::vector<std::string> bytes;
   std::vector<uint8_t> is_text;
-  // The bytes are printable ASCII other than '"' and '\\': string content wherever a string is open, which
-  // spares the recognizer most of the vocabulary inside strings.
-  std::vector<uint8_t> plain;
+  // Text ids grouped by their first byte: by_first[first_offsets[c], first_offsets[c + 1]) begin with c.
+  std::vector<uint32_t> first_offsets;
+  std::vector<int32_t> by_first;
+  // The same for the text ids that are not plain string content (string_chars < 0); and the plain ones as
+  // bits, with the most characters one of them adds: inside a string with that much room, the plain ids
+  // are allowed at once and only these are tried.
+  std::vector<uint32_t> other_offsets;
+  std::vector<int32_t> other_by_first;
+  std::vector<uint64_t> plain_bits;
+  int32_t max_plain_chars = 0;
+  // Text ids grouped by their first two bytes: by_pair[pair_offsets[p], pair_offsets[p + 1]) for p =
+  // 257 * first + second, the second 256 for a one-byte id.
+  std::vector<uint32_t> pair_offsets;
+  std::vector<int32_t> by_pair;
+  std::vector<int32_t> non_text;  // the ids that are not text
+  std::vector<uint16_t> length;   // each id's byte length, at most 65535
+  // Inside an open string, the characters the id adds when its bytes are whole UTF-8 characters none of
+  // which is '"', '\\' or a control character (it is then string content wherever a string is open, which
+  // spares the recognizer most of the vocabulary inside strings); -1 otherwise.
+  std::vector<int32_t> string_chars;
 };
 
 // Set: `vocab`, and one of `json` and `tool_calls`.
@@ -52,14 +70,23 @@ class ConstrainedOutput {
   void mask(float* logits, int64_t vocab, float masked) const;
 
  private:
+  // Bit i: id i may come next.
+  using Bits = std::vector<uint64_t>;
+  // Sets `masked` where `bits` is 0, touching only the fewer of the allowed and the refused.
+  static void apply(const Bits& bits, float* logits, int64_t vocab, float masked);
+  // Masks computed in this sequence, by the recognizer's key (append_key): an output revisits its states
+  // (a string's next character, the next item of an array), and a hit costs a pass over bits instead of
+  // the vocabulary's bytes. At most kCachedMasks (a few hundred KB), then it starts over.
+  static constexpr size_t kCachedMasks = 32;
+
   template <class Prefix, class MarkerAllowed>
-  void mask_with(const Prefix& state, MarkerAllowed marker_allowed, float* logits, int64_t vocab,
-                 float masked) const;
+  Bits allowed(const Prefix& state, MarkerAllowed marker_allowed, int64_t vocab) const;
 
   OutputConstraint c_;
   std::vector<int32_t> end_ids_;
   std::optional<JsonSchemaPrefix> json_;
   std::optional<ToolCallPrefix> tools_;
+  mutable std::unordered_map<std::string, Bits> cache_;
 };
 
 }  // namespace hlm

@@ -78,13 +78,21 @@ bool ToolCallPrefix::marker(int32_t id) {
     phase_ = Phase::kArguments;
     arguments_.emplace(*grammar_->tools[lo_].parameters);
   } else if (id == m.call_end) {
-    ++calls_;
     arguments_.reset();
     phase_ = Phase::kAfterCall;
   } else {
     phase_ = Phase::kDone;
   }
   return true;
+}
+
+void ToolCallPrefix::append_key(std::string& key) const {
+  const auto put = [&key](const auto& v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  put(phase_);
+  put(lo_);
+  put(hi_);
+  put(matched_);
+  if (arguments_) arguments_->append_key(key);
 }
 
 bool ToolCallPrefix::feed(unsigned char c) {

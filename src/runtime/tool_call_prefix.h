@@ -66,8 +66,10 @@ class ToolCallPrefix {
   }
   // The section is closed: only the end of the turn may follow.
   bool complete() const { return phase_ == Phase::kDone; }
-  // Plain string text sure to be accepted next (JsonSchemaPrefix::string_room), 0 outside arguments.
-  uint32_t string_room() const { return phase_ == Phase::kArguments ? arguments_->string_room() : 0; }
+  // The state as bytes, as JsonSchemaPrefix::append_key.
+  void append_key(std::string& key) const;
+  // JsonSchemaPrefix::string_room of the arguments; -1 outside them.
+  int64_t string_room() const { return phase_ == Phase::kArguments ? arguments_->string_room() : -1; }
 
  private:
   enum class Phase : uint8_t { kSectionBegin, kCallBegin, kId, kIndex, kArguments, kAfterCall, kDone };
@@ -76,7 +78,6 @@ class ToolCallPrefix {
 
   const ToolCallGrammar* grammar_;
   Phase phase_ = Phase::kSectionBegin;
-  uint32_t calls_ = 0;
   // kId: tools [lo_, hi_) still match the id's first matched_ bytes; kIndex: matched_ digits so far.
   uint32_t lo_ = 0;
   uint32_t hi_ = 0;

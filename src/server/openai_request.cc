@@ -564,6 +564,15 @@ GenerationRequest parse_chat_request(const std::string& body, const ServingConte
         "token ids");
   }
   if (!forced.empty()) force_tool_calls(tools, forced, ctx, seq);
+  // The constraint starts at the first generated token, which K3's generation prompt puts in its think
+  // channel: the JSON would be reasoning, and the answer empty.
+  if (seq.adjust.constraint.json && ctx.chat->generation_starts_in_reasoning()) {
+    throw ApiError(400,
+                   "response_format json_object or json_schema is not supported with K3's chat format "
+                   "(kimi_k3) yet: its "
+                   "answer starts in the think channel, which the constraint would fill",
+                   "response_format");
+  }
   try {
     // A tool list with tool_choice "none" is still declared: the model may mention the tools but not call
     // them.

@@ -6,11 +6,11 @@
 #include <unordered_map>
 
 #include "base/error.h"
+#include "base/utf8.h"
 #include "tokenizer/kimi_pattern.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/rank_table.h"
 #include "tokenizer/tokenizer_files.h"
-#include "tokenizer/utf8.h"
 
 namespace hlm {
 

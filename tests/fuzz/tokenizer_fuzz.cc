@@ -10,10 +10,10 @@
 #include <string>
 
 #include "base/error.h"
+#include "base/utf8.h"
 #include "tokenizer/output_parser.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_files.h"
-#include "tokenizer/utf8.h"
 
 namespace {
 

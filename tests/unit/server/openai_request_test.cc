@@ -239,6 +239,60 @@ TEST(OpenAiRequest, AJsonSchemaIsCompiledInTheClientsKeyOrder) {
   }
 }
 
+// A chat context over a fixture tokenizer (Kimi's or K3's markers), with the constraint vocabulary.
+struct ChatContext {
+  explicit ChatContext(const std::string& name, ChatFormat format)
+      : tok(Tokenizer::load(std::string(HLM_FIXTURES_DIR) + "/tokenizer/" + name)), chat(tok, format) {
+    ctx = ServingContext{"tiny", 1 << 20, tok.vocab_size(), &tok, &chat};
+    ctx.json_vocab = constraint_vocab(tok, tok.vocab_size());
+  }
+  Tokenizer tok;
+  ChatTemplate chat;
+  ServingContext ctx;
+};
+
+// tool_choice "required" or a named function becomes a tool-call grammar over the declared tools (or the
+// named one), in Kimi Linear's format; K3's format is refused for it and for JSON response formats.
+TEST(OpenAiRequest, AForcedToolChoiceBecomesAToolCallGrammar) {
+  const ChatContext kimi("kimi_sparse", ChatFormat::kKimiLinear);
+  const std::string tools = R"("tools": [
+      {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+          "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": false}}},
+      {"type": "function", "function": {"name": "get_time"}}])";
+  const std::string head = R"({"messages": [{"role": "user", "content": "hi"}], )" + tools;
+  const GenerationRequest required = parse_chat_request(head + R"(, "tool_choice": "required"})", kimi.ctx);
+  const OutputConstraint& c = required.choices[0].adjust.constraint;
+  ASSERT_TRUE(c.tool_calls);
+  EXPECT_FALSE(c.json);
+  EXPECT_TRUE(required.parse_tools);
+  EXPECT_FALSE(c.tool_calls->one_call);
+  ASSERT_EQ(c.tool_calls->tools.size(), 2u);
+  EXPECT_EQ(c.tool_calls->id_heads[0], "functions.get_time:");  // sorted by name
+  EXPECT_EQ(c.tool_calls->markers.call_begin, *kimi.tok.special_id("<|tool_call_begin|>"));
+  const GenerationRequest named = parse_chat_request(
+      head + R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})", kimi.ctx);
+  const auto& grammar = *named.choices[0].adjust.constraint.tool_calls;
+  EXPECT_TRUE(grammar.one_call);
+  ASSERT_EQ(grammar.tools.size(), 1u);
+  EXPECT_EQ(grammar.tools[0].name, "get_weather");
+
+  const ChatContext k3("k3_sparse", ChatFormat::kK3);
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {head + R"(, "tool_choice": "required"})", "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}})",
+       "response_format"},
+  };
+  for (const auto& [body, param] : refused) {
+    try {
+      parse_chat_request(body, k3.ctx);
+      ADD_FAILURE() << body << " was accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param(), param) << e.what();
+      EXPECT_NE(std::string(e.what()).find("k3"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(OpenAiRequest, EchoWithLogprobsScoresThePrompt) {
   const GenerationRequest scored = parse_completion_request(
       R"({"prompt": [1, 2], "echo": true, "logprobs": 1, "max_tokens": 0})", id_only());

@@ -14,9 +14,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "base/utf8.h"
 #include "stress_strings.h"
 #include "tokenizer/tokenizer.h"
-#include "tokenizer/utf8.h"
 
 namespace hlm {
 namespace {

@@ -9,10 +9,10 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/utf8.h"
 #include "stress_strings.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_files.h"
-#include "tokenizer/utf8.h"
 
 namespace hlm {
 namespace {

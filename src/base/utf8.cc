@@ -1,5 +1,5 @@
 // UTF-8 validation and repair with CPython's "replace" semantics (see utf8.h).
-#include "tokenizer/utf8.h"
+#include "base/utf8.h"
 
 namespace hlm {
 

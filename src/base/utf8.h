@@ -1,7 +1,7 @@
 // UTF-8 helpers shared by the encoder (repairing input), the stream decoder (holding back incomplete
-// sequences) and the output parsers. Invalid input is repaired exactly as CPython's
-// bytes.decode("utf-8", "replace") does: each maximal subpart of an ill-formed sequence (Unicode §3.9,
-// "U+FFFD substitution of maximal subparts") becomes one U+FFFD.
+// sequences), the output parsers and constrained decoding's vocabulary. Invalid input is repaired exactly as
+// CPython's bytes.decode("utf-8", "replace") does: each maximal subpart of an ill-formed sequence (Unicode
+// §3.9, "U+FFFD substitution of maximal subparts") becomes one U+FFFD.
 #pragma once
 
 #include <cstddef>
