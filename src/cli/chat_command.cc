@@ -79,7 +79,10 @@ int run_chat(const ChatArgs& a) {
   const Tokenizer tok = Tokenizer::load(dir);
   const ChatTemplate chat(tok, detect_chat_format(dir));
   LogitsAdjustments adjust = a.adjust;
-  if (schema) adjust.constraint = {constraint_vocab(tok, s.config().vocab_size), schema, nullptr};
+  if (schema) {
+    adjust.constraint.vocab = constraint_vocab(tok, s.config().vocab_size);
+    adjust.constraint.json = schema;
+  }
   Scheduler scheduler(s.engine(), SchedulerOptions{1, 512});
   const int64_t max_len = s.engine().options().max_seq_len;
   const bool interactive = isatty(STDIN_FILENO);

@@ -40,6 +40,9 @@ class JsonSchemaPrefix {
   }
   // The bytes fed form one complete instance.
   bool complete() const;
+  // Once complete, the output ends there (what could follow is whitespace, or a top-level number's more
+  // digits, which a constrained output does not take).
+  bool extends() const { return false; }
   // Appends the state as bytes, with what cannot change the accepted bytes left out (a count that only
   // its bound reads, once past the other bound): equal keys accept the same bytes from here on, so a
   // mask computed for one serves the other.

@@ -84,7 +84,8 @@ void validate(const OutputConstraint& c, int64_t vocab) {
   if (!c && !c.vocab) return;
   HLM_CHECK(c.vocab != nullptr && static_cast<bool>(c),
             "an output constraint needs a vocabulary and a JSON schema or a tool-call grammar");
-  HLM_CHECK(!c.json || !c.tool_calls, "an output is constrained to JSON or to tool calls, not both");
+  HLM_CHECK(int{c.json != nullptr} + int{c.tool_calls != nullptr} + int{c.choice != nullptr} == 1,
+            "an output is constrained to JSON, to tool calls or to a choice: one of them");
   HLM_CHECK(static_cast<int64_t>(c.vocab->bytes.size()) <= vocab,
             "output constraint: a vocabulary of {} entries for a model of {} ids", c.vocab->bytes.size(),
             vocab);
@@ -97,12 +98,14 @@ ConstrainedOutput::ConstrainedOutput(OutputConstraint c, std::vector<int32_t> en
   HLM_CHECK(!end_ids_.empty(), "a constrained sequence needs an end id (eos, or a stop id) to end on");
   if (c_.json) json_.emplace(*c_.json);
   if (c_.tool_calls) tools_.emplace(*c_.tool_calls);
+  if (c_.choice) choice_.emplace(*c_.choice);
 }
 
 void ConstrainedOutput::observe(int32_t id) {
   const ConstraintVocab& v = *c_.vocab;
   const bool text = id >= 0 && static_cast<size_t>(id) < v.bytes.size() && v.is_text[id];
   if (json_ && text) json_->feed(v.bytes[id]);
+  if (choice_ && text) choice_->feed(v.bytes[id]);
   if (tools_) {
     if (text) {
       tools_->feed(v.bytes[id]);
@@ -117,13 +120,16 @@ void ConstrainedOutput::mask(float* logits, int64_t vocab, float masked) const {
   key.append(reinterpret_cast<const char*>(&vocab), sizeof(vocab));
   if (json_) json_->append_key(key);
   if (tools_) tools_->append_key(key);
+  if (choice_) choice_->append_key(key);
   auto it = cache_.find(key);
   if (it == cache_.end()) {
     if (cache_.size() >= kCachedMasks) cache_.clear();
-    Bits bits = json_ ? allowed(
-                            *json_, [](int32_t) { return false; }, vocab)
-                      : allowed(
-                            *tools_, [this](int32_t id) { return tools_->marker_allowed(id); }, vocab);
+    const auto no_marker = [](int32_t) { return false; };
+    const auto tool_marker = [this](int32_t id) { return tools_->marker_allowed(id); };
+    Bits bits;
+    if (json_) bits = allowed(*json_, no_marker, vocab);
+    if (choice_) bits = allowed(*choice_, no_marker, vocab);
+    if (tools_) bits = allowed(*tools_, tool_marker, vocab);
     it = cache_.emplace(std::move(key), std::move(bits)).first;
   }
   apply(it->second, logits, vocab, masked);
@@ -170,7 +176,8 @@ ConstrainedOutput::Bits ConstrainedOutput::allowed(const Prefix& state, MarkerAl
     for (int32_t id : end_ids_) {
       if (id >= 0 && id < vocab) allow(id);
     }
-    return bits;
+    // A complete output ends, unless it may still grow (a choice that a longer one extends).
+    if (!state.extends()) return bits;
   }
   for (int32_t id : v.non_text) {
     if (id < vocab && marker_allowed(id)) allow(id);

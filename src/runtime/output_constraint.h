@@ -1,7 +1,8 @@
 // Constrained decoding: what the output must be (an OutputConstraint, shared by every sequence of a
 // request) and where a sequence stands in it (ConstrainedOutput). response_format asks for one instance of a
 // JSON schema (json_schema.h); tool_choice "required" or a named function for one tool-call section in
-// Kimi Linear's format (tool_call_prefix.h). Each draw, every id of the vocabulary that cannot continue the
+// Kimi Linear's format (tool_call_prefix.h); vLLM's guided choice for one of a list of strings
+// (choice_prefix.h). Each draw, every id of the vocabulary that cannot continue the
 // output is cut, and once the output is complete only the end ids remain. The logits processor applies it
 // first, before logit_bias and the penalties.
 #pragma once
@@ -13,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "runtime/choice_prefix.h"
 #include "runtime/json_schema_prefix.h"
 #include "runtime/tool_call_prefix.h"
 
@@ -48,12 +50,13 @@ struct ConstraintVocab {
   std::vector<int32_t> string_chars;
 };
 
-// Set: `vocab`, and one of `json` and `tool_calls`.
+// Set: `vocab`, and one of `json`, `tool_calls` and `choice`.
 struct OutputConstraint {
   std::shared_ptr<const ConstraintVocab> vocab;
   std::shared_ptr<const JsonSchema> json;             // the output is one instance
   std::shared_ptr<const ToolCallGrammar> tool_calls;  // the output is one tool-call section
-  explicit operator bool() const { return json != nullptr || tool_calls != nullptr; }
+  std::shared_ptr<const Choices> choice;              // the output is one of these strings
+  explicit operator bool() const { return json != nullptr || tool_calls != nullptr || choice != nullptr; }
 };
 
 // Checks that a set constraint is whole and its vocabulary no larger than the model's.
@@ -86,6 +89,7 @@ class ConstrainedOutput {
   std::vector<int32_t> end_ids_;
   std::optional<JsonSchemaPrefix> json_;
   std::optional<ToolCallPrefix> tools_;
+  std::optional<ChoicePrefix> choice_;
   mutable std::unordered_map<std::string, Bits> cache_;
 };
 

@@ -66,6 +66,7 @@ class ToolCallPrefix {
   }
   // The section is closed: only the end of the turn may follow.
   bool complete() const { return phase_ == Phase::kDone; }
+  bool extends() const { return false; }
   // The state as bytes, as JsonSchemaPrefix::append_key.
   void append_key(std::string& key) const;
   // JsonSchemaPrefix::string_room of the arguments; -1 outside them.

@@ -43,6 +43,31 @@ void parse_best_of(const JsonFields& f, GenerationRequest& r) {
   r.best_of = *b;
 }
 
+// Checks that `what` (a response format, a guided choice) can constrain this sequence, and gives the
+// constraint its vocabulary; `param` names the field in errors.
+void constrain_output(const ServingContext& ctx, SeqRequest& seq, const std::string& what,
+                      const std::string& param) {
+  if (seq.adjust.constraint) {
+    throw ApiError(400,
+                   fmt::format("{}: a request constrains its output one way (response_format, "
+                               "structured_outputs or a guided_* field), not two",
+                               what),
+                   param);
+  }
+  if (!ctx.json_vocab) {
+    throw ApiError(
+        400, fmt::format("{} needs the model's tokenizer (no tiktoken.model in its directory)", what), param);
+  }
+  if (!seq.stop_at_eos && seq.stop_ids.empty()) {
+    throw ApiError(400,
+                   fmt::format("{} ends the output at the end of sequence once it is complete: it cannot be "
+                               "combined with ignore_eos",
+                               what),
+                   "ignore_eos");
+  }
+  seq.adjust.constraint.vocab = ctx.json_vocab;
+}
+
 // response_format: "text"; "json_object" (the output is one JSON object); or "json_schema" (one instance of
 // json_schema.schema, in the subset runtime/json_schema.h follows; strict or not, the output follows it).
 // body: the raw request, re-read in the client's key order, which fixes the order of the properties.
@@ -56,21 +81,7 @@ void parse_response_format(const JsonFields& f, const std::string& body, const S
   if (type != "json_object" && type != "json_schema") {
     r.fail("type", fmt::format("\"text\", \"json_object\" or \"json_schema\" (got \"{}\")", type));
   }
-  if (!ctx.json_vocab) {
-    throw ApiError(
-        400,
-        fmt::format("response_format {} needs the model's tokenizer (no tiktoken.model in its directory)",
-                    type),
-        "response_format");
-  }
-  if (!seq.stop_at_eos && seq.stop_ids.empty()) {
-    throw ApiError(400,
-                   fmt::format("response_format {} ends the output at the end of sequence once the JSON is "
-                               "complete: it cannot be combined with ignore_eos",
-                               type),
-                   "ignore_eos");
-  }
-  seq.adjust.constraint.vocab = ctx.json_vocab;
+  constrain_output(ctx, seq, "response_format " + type, "response_format");
   if (type == "json_object") {
     seq.adjust.constraint.json = JsonSchema::any_object();
     return;
@@ -89,6 +100,64 @@ void parse_response_format(const JsonFields& f, const std::string& body, const S
     seq.adjust.constraint.json = JsonSchema::compile(ordered, spec.path("schema"));
   } catch (const Error& e) {
     throw ApiError(400, e.what(), "response_format");
+  }
+}
+
+// vLLM's structured outputs: structured_outputs {"json": a schema, "json_object": true, "choice": [strings]},
+// and its older guided_json and guided_choice fields. The regular expressions and grammars of both forms
+// are refused by name. A schema given as an object is re-read from `body` in the client's key order.
+void parse_structured_outputs(const JsonFields& f, const std::string& body, const ServingContext& ctx,
+                              SeqRequest& seq) {
+  for (const char* key : {"guided_regex", "guided_grammar"}) {
+    if (f.find(key)) f.fail(key, "absent (regular expressions and grammars are not supported)");
+  }
+  const nlohmann::ordered_json ordered =
+      f.find("guided_json") || f.find("structured_outputs") ? nlohmann::ordered_json::parse(body) : nullptr;
+  // A schema as JSON (an object) or as JSON text, under `path`.
+  auto json_schema = [&](const nlohmann::ordered_json& v, const std::string& path, const std::string& param) {
+    constrain_output(ctx, seq, path, param);
+    nlohmann::ordered_json schema = v;
+    if (v.is_string()) {
+      schema = nlohmann::ordered_json::parse(v.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (schema.is_discarded())
+        throw ApiError(400, fmt::format("'{}' is a string that is not JSON", path), param);
+    }
+    try {
+      seq.adjust.constraint.json = JsonSchema::compile(schema, path);
+    } catch (const Error& e) {
+      throw ApiError(400, e.what(), param);
+    }
+  };
+  auto choice = [&](const nlohmann::json& v, const std::string& path, const std::string& param) {
+    if (!v.is_array()) throw ApiError(400, fmt::format("'{}' must be an array of strings", path), param);
+    std::vector<std::string> choices;
+    for (const nlohmann::json& c : v) {
+      if (!c.is_string()) throw ApiError(400, fmt::format("'{}' must be an array of strings", path), param);
+      choices.push_back(c.get<std::string>());
+    }
+    constrain_output(ctx, seq, path, param);
+    try {
+      seq.adjust.constraint.choice = make_choices(std::move(choices), path);
+    } catch (const Error& e) {
+      throw ApiError(400, e.what(), param);
+    }
+  };
+  if (f.find("guided_json")) json_schema(ordered["guided_json"], "guided_json", "guided_json");
+  if (const nlohmann::json* c = f.find("guided_choice")) choice(*c, "guided_choice", "guided_choice");
+  const nlohmann::json* so = f.find("structured_outputs");
+  if (!so) return;
+  if (!so->is_object()) f.fail("structured_outputs", "an object");
+  const JsonFields s(*so, "structured_outputs");
+  for (const char* key : {"regex", "grammar", "structural_tag", "whitespace_pattern"}) {
+    if (s.find(key))
+      s.fail(key, "absent (regular expressions, grammars and structural tags are not supported)");
+  }
+  if (s.find("json"))
+    json_schema(ordered["structured_outputs"]["json"], s.path("json"), "structured_outputs");
+  if (const nlohmann::json* c = s.find("choice")) choice(*c, s.path("choice"), "structured_outputs");
+  if (s.boolean("json_object").value_or(false)) {
+    constrain_output(ctx, seq, s.path("json_object"), "structured_outputs");
+    seq.adjust.constraint.json = JsonSchema::any_object();
   }
 }
 
@@ -200,6 +269,7 @@ void parse_common(const JsonFields& f, const std::string& body, const ServingCon
   seq.stop_at_eos = !f.boolean("ignore_eos").value_or(false);
   seq.adjust = logits_adjustments(f, ctx);
   parse_response_format(f, body, ctx, seq);
+  parse_structured_outputs(f, body, ctx, seq);
   r.prompt_logprobs = static_cast<int32_t>(f.integer("prompt_logprobs", 0, kMaxLogprobs).value_or(-1));
   if (r.prompt_logprobs >= 0 && r.stream) f.fail("prompt_logprobs", "absent on a stream");
   seq.prompt_logprobs = r.prompt_logprobs;
@@ -439,8 +509,8 @@ void force_tool_calls(const nlohmann::ordered_json& tools, const std::string& fo
   }
   if (seq.adjust.constraint) {
     throw ApiError(400,
-                   "tool_choice \"required\" or a named function cannot be combined with a JSON "
-                   "response_format: both constrain the output",
+                   "tool_choice \"required\" or a named function cannot be combined with a constrained "
+                   "response_format, structured_outputs or guided_* field: both constrain the output",
                    "tool_choice");
   }
   ToolCallGrammar::Markers m;
@@ -566,12 +636,14 @@ GenerationRequest parse_chat_request(const std::string& body, const ServingConte
   if (!forced.empty()) force_tool_calls(tools, forced, ctx, seq);
   // The constraint starts at the first generated token, which K3's generation prompt puts in its think
   // channel: the JSON would be reasoning, and the answer empty.
-  if (seq.adjust.constraint.json && ctx.chat->generation_starts_in_reasoning()) {
-    throw ApiError(400,
-                   "response_format json_object or json_schema is not supported with K3's chat format "
-                   "(kimi_k3) yet: its "
-                   "answer starts in the think channel, which the constraint would fill",
-                   "response_format");
+  if ((seq.adjust.constraint.json || seq.adjust.constraint.choice) &&
+      ctx.chat->generation_starts_in_reasoning()) {
+    throw ApiError(
+        400,
+        "a constrained output (response_format json_object or json_schema, structured_outputs, "
+        "guided_json, guided_choice) is not supported with K3's chat format (kimi_k3) yet: its answer "
+        "starts in the think channel, which the constraint would fill",
+        "response_format");
   }
   try {
     // A tool list with tool_choice "none" is still declared: the model may mention the tools but not call

@@ -409,6 +409,29 @@ class Text(unittest.TestCase):
                                       extra_body={"response_format": fmt})
         self.assertTrue(c.choices[0].text.lstrip().startswith("{"), repr(c.choices[0].text))
 
+    def test_vllm_guided_choice_and_structured_outputs(self):
+        choices = ["positive", "negative", "neutral, leaning positive"]
+        for seed in range(6):
+            r = chat(max_tokens=20, temperature=1.0, seed=seed, extra_body={"guided_choice": choices})
+            self.assertIn(r.choices[0].message.content, choices)
+            self.assertEqual(r.choices[0].finish_reason, "stop")
+        c = CLIENT.completions.create(model=NAME, prompt=PROMPT, max_tokens=20, temperature=0,
+                                      extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+        self.assertIn(c.choices[0].text, ("yes", "no"))
+        schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                  "additionalProperties": False}
+        finished = 0
+        for seed in range(8):
+            r = chat(max_tokens=40, temperature=1.0, seed=seed, extra_body={"guided_json": schema})
+            if r.choices[0].finish_reason == "stop":
+                jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+                finished += 1
+        self.assertGreater(finished, 0)
+        for extra in ({"guided_regex": "a+"}, {"guided_choice": ["a"], "guided_json": schema},
+                      {"structured_outputs": {"grammar": "root ::= x"}}):
+            with self.assertRaises(openai.BadRequestError):
+                chat(max_tokens=4, extra_body=extra)
+
     def test_json_schema_mode_refuses_what_it_cannot_follow_by_name(self):
         def refused(schema):
             with self.assertRaises(openai.BadRequestError) as e:

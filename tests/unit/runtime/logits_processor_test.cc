@@ -103,7 +103,8 @@ TEST(LogitsProcessor, AJsonObjectConstraintLeavesOnlyIdsThatKeepTheOutputAnObjec
       std::vector<std::string>{"{", "}", "\"a\"", ":", " 1", "x", "<|im_end|>", "<eos>", " "},
       std::vector<uint8_t>{1, 1, 1, 1, 1, 1, 0, 0, 1});
   LogitsAdjustments a;
-  a.constraint = {vocab, JsonSchema::any_object(), nullptr};
+  a.constraint.vocab = vocab;
+  a.constraint.json = JsonSchema::any_object();
   LogitsProcessor p(a, {}, /*end_ids=*/{7});
   EXPECT_TRUE(p.needed());
   auto allowed = [&p] {
@@ -155,7 +156,8 @@ TEST(LogitsProcessor, ASchemaConstraintMasksExactlyTheIdsTheRecognizerAccepts) {
   const auto v = static_cast<int64_t>(bytes.size());
   for (int walk = 0; walk < 20; ++walk) {
     LogitsAdjustments a;
-    a.constraint = {vocab, schema, nullptr};
+    a.constraint.vocab = vocab;
+    a.constraint.json = schema;
     LogitsProcessor p(a, {}, /*end_ids=*/{0});
     JsonSchemaPrefix state(*schema);
     std::string out;

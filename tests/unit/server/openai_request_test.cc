@@ -239,6 +239,52 @@ TEST(OpenAiRequest, AJsonSchemaIsCompiledInTheClientsKeyOrder) {
   }
 }
 
+// vLLM's structured outputs and guided_* fields become the same constraints as response_format; one
+// constraint per request, and regular expressions and grammars refused by name.
+TEST(OpenAiRequest, VllmsStructuredOutputsAndGuidedFieldsConstrainTheOutput) {
+  ServingContext ctx = id_only();
+  ctx.json_vocab =
+      std::make_shared<ConstraintVocab>(std::vector<std::string>(512, "x"), std::vector<uint8_t>(512, 1));
+  auto constraint = [&ctx](const std::string& fields) {
+    return parse_completion_request(R"({"prompt": [1], )" + fields + "}", ctx).choices[0].adjust.constraint;
+  };
+  EXPECT_EQ(*constraint(R"("guided_choice": ["b", "a"])").choice, (Choices{"a", "b"}));
+  EXPECT_EQ(*constraint(R"("structured_outputs": {"choice": ["x"]})").choice, (Choices{"x"}));
+  EXPECT_EQ(constraint(R"("structured_outputs": {"json_object": true})").json, JsonSchema::any_object());
+  // A schema as an object (read in the client's key order) or as JSON text.
+  for (const std::string& fields :
+       {std::string(R"("guided_json": {"properties": {"z": {}, "a": {}}})"),
+        std::string(R"("guided_json": "{\"properties\": {\"z\": {}, \"a\": {}}}")"),
+        std::string(R"("structured_outputs": {"json": {"properties": {"z": {}, "a": {}}}})")}) {
+    const OutputConstraint c = constraint(fields);
+    ASSERT_TRUE(c.json) << fields;
+    const JsonSchema::Node& object = c.json->node(c.json->node(JsonSchema::kRoot).branches[0]);
+    ASSERT_EQ(object.properties.size(), 2u) << fields;
+    EXPECT_EQ(object.properties[0].key, "\"z\"") << fields;
+  }
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {R"("guided_regex": "a+")", "guided_regex"},
+      {R"("guided_grammar": "root ::= x")", "guided_grammar"},
+      {R"("structured_outputs": {"regex": "a+"})", "structured_outputs.regex"},
+      {R"("structured_outputs": [1])", "structured_outputs"},
+      {R"("guided_choice": [])", "guided_choice"},
+      {R"("guided_choice": ["a", 1])", "guided_choice"},
+      {R"("guided_json": "{not json")", "guided_json"},
+      {R"("guided_json": {"type": "string", "pattern": "a"})", "guided_json"},
+      {R"("guided_choice": ["a"], "guided_json": {})", "guided_choice"},
+      {R"("response_format": {"type": "json_object"}, "guided_choice": ["a"])", "guided_choice"},
+      {R"("guided_choice": ["a"], "ignore_eos": true)", "ignore_eos"},
+  };
+  for (const auto& [fields, param] : refused) {
+    try {
+      constraint(fields);
+      ADD_FAILURE() << fields << " was accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param(), param) << fields << ": " << e.what();
+    }
+  }
+}
+
 // A chat context over a fixture tokenizer (Kimi's or K3's markers), with the constraint vocabulary.
 struct ChatContext {
   explicit ChatContext(const std::string& name, ChatFormat format)
