@@ -9,9 +9,10 @@ written as json.dumps writes it (", " and ": "), tokenized by tiktoken. At each 
 and before the end) each engine fills its mask over the whole vocabulary and takes the document's token:
 helixlm through tests/bench/constraint_bench (ConstrainedOutput::mask, which also writes the masked
 logits), xgrammar through GrammarMatcher.fill_next_token_bitmask (timed in Python around the call, the
-bitmask only); both on one thread; each step's time is the median
-over --repeats fresh walks of the document (a step is masked once per walk, as in decoding, so helixlm's
-per-sequence cache of masks by recognizer state hits only where the walk revisits a state). The table gives per-step medians, p90 and max, and the compile time of the schema.
+bitmask only); both on one thread. Each step's time is the median over --repeats fresh walks of the
+document (a step is masked once per walk, as in decoding, so helixlm's per-sequence cache of masks by
+recognizer state hits only where the walk revisits a state). The table gives the per-step median, p90 and
+max, the whole document's time and the schema's compile time.
 
   cmake --build build --target constraint_bench
   pip install xgrammar

@@ -1,7 +1,10 @@
 """Batch invariance of the server: 16 concurrent greedy requests of different prompt and output lengths
 give exactly the token ids each gives alone, while they share engine steps (checked: their lifetimes
-overlap) and long prompts are prefilled in chunks between the others' decode steps."""
+overlap) and long prompts are prefilled in chunks between the others' decode steps. Sequences constrained
+to a JSON schema or a choice keep their own recognizer state in a shared batch: each gives what it gives
+alone."""
 import concurrent.futures
+import json
 import random
 import time
 import unittest
@@ -41,6 +44,37 @@ class BatchInvariance(unittest.TestCase):
             self.assertGreaterEqual(overlap, 12, "the requests did not run at the same time")
             for i, (ids, _) in enumerate(together):
                 self.assertEqual(ids, alone[i], f"request {i} (prompt {len(requests[i][0])} tokens)")
+
+    def test_constrained_sequences_in_one_batch_match_each_alone(self):
+        schema = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string", "maxLength": 4}},
+                  "required": ["n", "s"], "additionalProperties": False}
+        formats = [{"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}},
+                   {"response_format": {"type": "json_object"}},
+                   {"guided_choice": ["alpha", "beta", "alphabet"]},
+                   {"ignore_eos": True}]  # unconstrained, beside them
+        requests = [dict(formats[i % 4], prompt=[5 + i, 17, 300], max_tokens=40, temperature=1.0, seed=i,
+                         return_token_ids=True) for i in range(12)]
+        with Server("--max-num-seqs", "12", "--max-model-len", "256") as s:
+            def run(body):
+                status, answer = s.post("/v1/completions", body)
+                self.assertEqual(status, 200, answer)
+                return answer["choices"][0]
+
+            alone = [run(r) for r in requests]
+            barrier = __import__("threading").Barrier(len(requests))
+
+            def together_one(body):
+                barrier.wait()
+                return run(body)
+
+            with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+                together = list(pool.map(together_one, requests))
+            for i, (a, t) in enumerate(zip(alone, together)):
+                self.assertEqual(t["token_ids"], a["token_ids"], f"request {i}: {requests[i]}")
+                if "guided_choice" in requests[i]:
+                    self.assertIn(t["text"], ("alpha", "beta", "alphabet"))
+                elif "response_format" in requests[i] and t["finish_reason"] == "stop":
+                    self.assertIsInstance(json.loads(t["text"]), dict)
 
 
 if __name__ == "__main__":
