@@ -21,8 +21,6 @@ bool name_byte(unsigned char c) {
 ToolCallGrammar::ToolCallGrammar(Markers m, std::vector<Tool> t, bool one)
     : markers(m), tools(std::move(t)), one_call(one) {
   HLM_CHECK(!tools.empty(), "a tool-call constraint needs at least one tool");
-  HLM_CHECK(!one_call || tools.size() == 1, "a named tool_choice constrains to one tool, not {}",
-            tools.size());
   for (int32_t id : {m.section_begin, m.call_begin, m.argument_begin, m.call_end, m.section_end}) {
     HLM_CHECK(id >= 0, "the tokenizer lacks one of the five tool-call markers");
   }

@@ -2,10 +2,11 @@
 // tool-call format. The output is one tool-call section and nothing else:
 //   <|tool_calls_section_begin|> ( <|tool_call_begin|> functions.{name}:{index} <|tool_call_argument_begin|>
 //   {arguments} <|tool_call_end|> )+ <|tool_calls_section_end|>
-// where the five markers are token ids, {name} is one of the request's tools (the named one, and then
-// exactly one call), {index} is decimal digits, and {arguments} is an instance of that tool's parameters
-// schema (json_schema.h). Writing the model's own format, rather than a JSON wrapper, keeps the model on
-// the form it was trained on, and the server's output parser reads it back as tool calls.
+// where the five markers are token ids, {name} is one of the request's tools (the named one, or any for
+// "required"), with exactly one call when a tool is named or parallel tool calls are off; {index} is
+// digits, and {arguments} is an instance of that tool's parameters schema (json_schema.h). Writing the
+// model's own format, rather than a JSON wrapper, keeps the model on the form it was trained on, and the
+// server's output parser reads it back as tool calls.
 //
 // Like JsonSchemaPrefix it is a small value the logits processor copies per token: markers go through
 // marker(), text bytes through feed().
@@ -35,7 +36,8 @@ struct ToolCallGrammar {
     std::shared_ptr<const JsonSchema> parameters;
   };
 
-  // Tools sorted by name (the recognizer narrows over their ids' bytes); one_call: a named tool_choice.
+  // Tools sorted by name (the recognizer narrows over their ids' bytes); one_call: the section holds one
+  // call (a named tool_choice, or parallel_tool_calls false).
   // Names must be what the output parser reads back from an id (letters, digits, '_', '.', or UTF-8
   // beyond ASCII), and unique; errors name the offending tool.
   ToolCallGrammar(Markers markers, std::vector<Tool> tools, bool one_call);

@@ -498,7 +498,7 @@ std::string parse_tool_choice(const JsonFields& f, std::string& forced) {
 // tool_choice "required" or a named function: the output is constrained to a tool-call section of the
 // declared tools (or the named one), each call's arguments following the tool's parameters schema
 // (runtime/tool_call_prefix.h), in Kimi Linear's format.
-void force_tool_calls(const nlohmann::ordered_json& tools, const std::string& forced,
+void force_tool_calls(const nlohmann::ordered_json& tools, const std::string& forced, bool parallel,
                       const ServingContext& ctx, SeqRequest& seq) {
   if (ctx.chat->format() != ChatFormat::kKimiLinear) {
     throw ApiError(400,
@@ -544,8 +544,8 @@ void force_tool_calls(const nlohmann::ordered_json& tools, const std::string& fo
                      "tool_choice");
     }
     seq.adjust.constraint.vocab = ctx.json_vocab;
-    seq.adjust.constraint.tool_calls =
-        std::make_shared<ToolCallGrammar>(m, std::move(chosen), /*one_call=*/forced != "required");
+    seq.adjust.constraint.tool_calls = std::make_shared<ToolCallGrammar>(
+        m, std::move(chosen), /*one_call=*/forced != "required" || !parallel);
   } catch (const Error& e) {
     throw ApiError(400, e.what(), "tools");
   }
@@ -633,7 +633,8 @@ GenerationRequest parse_chat_request(const std::string& body, const ServingConte
         "this model has no tokenizer (no tiktoken.model in its directory): use /v1/completions with "
         "token ids");
   }
-  if (!forced.empty()) force_tool_calls(tools, forced, ctx, seq);
+  r.parallel_tool_calls = f.boolean("parallel_tool_calls").value_or(true);
+  if (!forced.empty()) force_tool_calls(tools, forced, r.parallel_tool_calls, ctx, seq);
   // The constraint starts at the first generated token, which K3's generation prompt puts in its think
   // channel: the JSON would be reasoning, and the answer empty.
   if ((seq.adjust.constraint.json || seq.adjust.constraint.choice) &&

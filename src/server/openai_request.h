@@ -68,6 +68,9 @@ struct GenerationRequest {
   bool echo = false;
   // Chat only.
   bool parse_tools = false;  // tools given and tool_choice is not "none"
+  // OpenAI's parallel_tool_calls false: at most one tool call. A forced tool_choice constrains the output to
+  // one call; under "auto" the answer keeps the first and drops the rest.
+  bool parallel_tool_calls = true;
 };
 
 // The model's vocabulary as text for constrained decoding: each id's bytes, the tokenizer's added tokens

@@ -50,6 +50,7 @@ GenerationResponse::GenerationResponse(const GenerationRequest& r, const Serving
       include_usage_(r.include_usage),
       return_token_ids_(r.return_token_ids),
       echo_(r.echo),
+      parallel_tool_calls_(r.parallel_tool_calls),
       reported_top_(r.report_logprobs ? std::max(r.choices.front().top_logprobs, 0) : -1),
       prompt_top_(r.prompt_logprobs),
       n_(r.n),
@@ -120,13 +121,14 @@ nlohmann::json GenerationResponse::delta_from_text(Choice& c, const std::string&
   if (!d.tool_calls.empty()) {
     nlohmann::json calls = nlohmann::json::array();
     for (const ToolCall& call : d.tool_calls) {
+      if (!parallel_tool_calls_ && c.tool_call_index > 0) continue;
       calls.push_back({{"index", c.tool_call_index++},
                        {"id", call.id},
                        {"type", "function"},
                        {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
       c.tool_calls.push_back(call);
     }
-    delta["tool_calls"] = calls;
+    if (!calls.empty()) delta["tool_calls"] = calls;
   }
   return delta;
 }

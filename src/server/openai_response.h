@@ -71,7 +71,8 @@ class GenerationResponse {
     int tool_call_index = 0;
   };
 
-  // Text released by `text` through the choice's parser (chat) into the delta fields.
+  // Text released by `text` through the choice's parser (chat) into the delta fields; with parallel tool
+  // calls off, a call after the first is dropped.
   nlohmann::json delta_from_text(Choice& c, const std::string& text, bool final);
   nlohmann::json logprobs_entry(const Choice& c, const SampledToken& t) const;
   // vLLM's entry of one scored prompt position: the token with its rank, and prompt_top_ alternatives.
@@ -96,6 +97,7 @@ class GenerationResponse {
   bool include_usage_;
   bool return_token_ids_;
   bool echo_;
+  bool parallel_tool_calls_;
   int32_t reported_top_;  // alternatives the logprobs fields carry (-1: the answer has no logprobs)
   int32_t prompt_top_;    // prompt_logprobs' alternatives (-1: not asked)
   int64_t n_;             // choices per prompt in the answer

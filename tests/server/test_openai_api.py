@@ -471,11 +471,11 @@ class Text(unittest.TestCase):
         {"type": "function", "function": {"name": "get_time"}},
     ]
 
-    def forced_calls(self, tool_choice):
+    def forced_calls(self, tool_choice, **kw):
         """The tool calls of the seeds whose section closed within max_tokens (finish_reason tool_calls)."""
         finished = []
         for seed in range(12):
-            r = chat(max_tokens=80, temperature=1.0, seed=seed, tools=self.TOOLS, tool_choice=tool_choice)
+            r = chat(max_tokens=80, temperature=1.0, seed=seed, tools=self.TOOLS, tool_choice=tool_choice, **kw)
             choice = r.choices[0]
             if choice.finish_reason == "tool_calls":
                 self.assertFalse(choice.message.content, repr(choice.message.content))
@@ -500,6 +500,8 @@ class Text(unittest.TestCase):
     def test_required_makes_one_or_more_calls_to_the_tools(self):
         for calls in self.forced_calls("required"):
             self.assertTrue(all(c.function.name in ("get_weather", "get_time") for c in calls))
+        for calls in self.forced_calls("required", parallel_tool_calls=False):
+            self.assertEqual(len(calls), 1)
 
     def test_forcing_a_tool_is_refused_where_it_cannot_be_followed(self):
         def refused(**kw):

@@ -90,6 +90,17 @@ TEST(ToolCallPrefix, ANamedToolChoiceIsExactlyOneCall) {
   EXPECT_TRUE(p.marker(kSectionEnd));
 }
 
+TEST(ToolCallPrefix, OneCallToAnyOfSeveralToolsWhenParallelCallsAreOff) {
+  std::vector<ToolCallGrammar::Tool> tools = {{"a", JsonSchema::any_object()},
+                                              {"b", JsonSchema::any_object()}};
+  const ToolCallGrammar g(kMarkers, std::move(tools), /*one_call=*/true);
+  ToolCallPrefix p(g);
+  ASSERT_TRUE(p.marker(kSectionBegin) && p.marker(kCallBegin) && p.feed("functions.b:0") &&
+              p.marker(kArgumentBegin) && p.feed("{}") && p.marker(kCallEnd));
+  EXPECT_FALSE(p.marker_allowed(kCallBegin));
+  EXPECT_TRUE(p.marker_allowed(kSectionEnd));
+}
+
 TEST(ToolCallGrammar, RefusesNamesTheParserCannotReadBack) {
   auto make = [](std::vector<std::string> names) {
     std::vector<ToolCallGrammar::Tool> tools;

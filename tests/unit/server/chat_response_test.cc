@@ -25,6 +25,7 @@ class ChatResponseTest : public ::testing::Test {
     r.choices[0].prompt = {1, 2};
     r.stream = stream;
     r.parse_tools = tools;
+    r.parallel_tool_calls = parallel_;
     return r;
   }
   // The model "says" `text` token by token, then the turn's end id.
@@ -69,6 +70,7 @@ class ChatResponseTest : public ::testing::Test {
   Tokenizer tok_;
   ChatTemplate chat_;
   ServingContext ctx_;
+  bool parallel_ = true;
 };
 
 const char* kToolTurn =
@@ -97,6 +99,18 @@ TEST_F(ChatResponseTest, ToolCallsBecomeOpenAiToolCalls) {
   EXPECT_EQ(deltas["tool_calls"][0]["index"], 0);
   EXPECT_EQ(deltas["tool_calls"][1]["index"], 1);
   EXPECT_EQ(deltas["tool_calls"][1]["function"]["name"], "get_time");
+}
+
+// parallel_tool_calls false under tool_choice "auto": the answer keeps the first call, streamed or whole.
+TEST_F(ChatResponseTest, WithParallelToolCallsOffOnlyTheFirstCallIsReturned) {
+  parallel_ = false;
+  const auto [whole, deltas] = run(kToolTurn, /*tools=*/true);
+  const nlohmann::json& msg = whole["choices"][0]["message"];
+  ASSERT_EQ(msg["tool_calls"].size(), 1u);
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(whole["choices"][0]["finish_reason"], "tool_calls");
+  ASSERT_EQ(deltas["tool_calls"].size(), 1u);
+  EXPECT_EQ(deltas["tool_calls"][0]["index"], 0);
 }
 
 TEST_F(ChatResponseTest, AMalformedCallIsNoToolCallStreamedOrWhole) {

@@ -321,6 +321,12 @@ TEST(OpenAiRequest, AForcedToolChoiceBecomesAToolCallGrammar) {
   EXPECT_TRUE(grammar.one_call);
   ASSERT_EQ(grammar.tools.size(), 1u);
   EXPECT_EQ(grammar.tools[0].name, "get_weather");
+  // parallel_tool_calls false: "required" is one call, to any of the tools.
+  const GenerationRequest single =
+      parse_chat_request(head + R"(, "tool_choice": "required", "parallel_tool_calls": false})", kimi.ctx);
+  EXPECT_FALSE(single.parallel_tool_calls);
+  EXPECT_TRUE(single.choices[0].adjust.constraint.tool_calls->one_call);
+  EXPECT_EQ(single.choices[0].adjust.constraint.tool_calls->tools.size(), 2u);
 
   const ChatContext k3("k3_sparse", ChatFormat::kK3);
   const std::vector<std::pair<std::string, std::string>> refused = {
