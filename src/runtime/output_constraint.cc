@@ -42,8 +42,7 @@ ConstraintVocab::ConstraintVocab(std::vector<std::string> token_bytes, std::vect
   string_chars.assign(n, -1);
   length.assign(n, 0);
   plain_bits.assign((n + 63) / 64, 0);
-  std::vector<size_t> groups[256];  // text ids by first byte, plain ones and others apart
-  std::vector<size_t> other_groups[256];
+  std::vector<size_t> other_groups[256];  // the text ids that are not plain, by first byte
   std::vector<std::vector<size_t>> pairs(256 * 257);
   for (size_t id = 0; id < n; ++id) {
     const std::string& b = bytes[id];
@@ -55,7 +54,6 @@ ConstraintVocab::ConstraintVocab(std::vector<std::string> token_bytes, std::vect
     string_chars[id] = plain_string_chars(b);
     const auto c = static_cast<unsigned char>(b[0]);
     pairs[c * 257 + (b.size() > 1 ? static_cast<unsigned char>(b[1]) : 256)].push_back(id);
-    groups[c].push_back(id);
     if (string_chars[id] >= 0) {
       plain_bits[id / 64] |= uint64_t{1} << (id % 64);
       max_plain_chars = std::max(max_plain_chars, string_chars[id]);
@@ -63,16 +61,11 @@ ConstraintVocab::ConstraintVocab(std::vector<std::string> token_bytes, std::vect
       other_groups[c].push_back(id);
     }
   }
-  auto flatten = [](const std::vector<size_t>(&g)[256], std::vector<uint32_t>& offsets,
-                    std::vector<int32_t>& ids) {
-    offsets.assign(257, 0);
-    for (size_t c = 0; c < 256; ++c) {
-      offsets[c + 1] = offsets[c] + static_cast<uint32_t>(g[c].size());
-      for (size_t id : g[c]) ids.push_back(static_cast<int32_t>(id));
-    }
-  };
-  flatten(groups, first_offsets, by_first);
-  flatten(other_groups, other_offsets, other_by_first);
+  other_offsets.assign(257, 0);
+  for (size_t c = 0; c < 256; ++c) {
+    other_offsets[c + 1] = other_offsets[c] + static_cast<uint32_t>(other_groups[c].size());
+    for (size_t id : other_groups[c]) other_by_first.push_back(static_cast<int32_t>(id));
+  }
   pair_offsets.assign(pairs.size() + 1, 0);
   for (size_t p = 0; p < pairs.size(); ++p) {
     pair_offsets[p + 1] = pair_offsets[p] + static_cast<uint32_t>(pairs[p].size());
@@ -230,11 +223,12 @@ ConstrainedOutput::Bits ConstrainedOutput::allowed(const Prefix& state, MarkerAl
     if (vocab % 64 != 0 && bits.size() <= v.plain_bits.size())
       bits.back() &= (uint64_t{1} << (vocab % 64)) - 1;
   }
-  const std::vector<uint32_t>& offsets = plain_block ? v.other_offsets : v.first_offsets;
-  const std::vector<int32_t>& ids = plain_block ? v.other_by_first : v.by_first;
+  const std::vector<int32_t>& ids = plain_block ? v.other_by_first : v.by_pair;
   for (int c = 0; c < 256; ++c) {
     if (!first[c]) continue;
-    for (uint32_t i = offsets[c]; i < offsets[c + 1]; ++i) {
+    const uint32_t lo = plain_block ? v.other_offsets[c] : v.pair_offsets[257 * c];
+    const uint32_t hi = plain_block ? v.other_offsets[c + 1] : v.pair_offsets[257 * (c + 1)];
+    for (uint32_t i = lo; i < hi; ++i) {
       const int32_t id = ids[i];
       if (id >= vocab) continue;
       const int32_t chars = v.string_chars[id];

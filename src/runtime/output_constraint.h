@@ -28,20 +28,19 @@ struct ConstraintVocab {
 
   std::vector<std::string> bytes;
   std::vector<uint8_t> is_text;
-  // Text ids grouped by their first byte: by_first[first_offsets[c], first_offsets[c + 1]) begin with c.
-  std::vector<uint32_t> first_offsets;
-  std::vector<int32_t> by_first;
-  // The same for the text ids that are not plain string content (string_chars < 0); and the plain ones as
-  // bits, with the most characters one of them adds: inside a string with that much room, the plain ids
-  // are allowed at once and only these are tried.
+  // Text ids grouped by their first two bytes: by_pair[pair_offsets[p], pair_offsets[p + 1]) for p =
+  // 257 * first + second, the second 256 for a one-byte id; so those beginning with byte c are
+  // by_pair[pair_offsets[257 * c], pair_offsets[257 * (c + 1)]).
+  std::vector<uint32_t> pair_offsets;
+  std::vector<int32_t> by_pair;
+  // Text ids that are not plain string content (string_chars < 0), grouped by first byte:
+  // other_by_first[other_offsets[c], other_offsets[c + 1]) begin with c. And the plain ones as bits, with the
+  // most characters one of them adds: inside a string with that much room, the plain ids are allowed at once
+  // and only these are tried.
   std::vector<uint32_t> other_offsets;
   std::vector<int32_t> other_by_first;
   std::vector<uint64_t> plain_bits;
   int32_t max_plain_chars = 0;
-  // Text ids grouped by their first two bytes: by_pair[pair_offsets[p], pair_offsets[p + 1]) for p =
-  // 257 * first + second, the second 256 for a one-byte id.
-  std::vector<uint32_t> pair_offsets;
-  std::vector<int32_t> by_pair;
   std::vector<int32_t> non_text;  // the ids that are not text
   std::vector<uint16_t> length;   // each id's byte length, at most 65535
   // Inside an open string, the characters the id adds when its bytes are whole UTF-8 characters none of

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "allowed_ids.h"
 #include "base/error.h"
 #include "runtime/output_constraint.h"
 
@@ -51,15 +52,7 @@ TEST(ConstrainedOutput, AWholeChoiceThatALongerOneExtendsMayEndOrGoOn) {
                                         std::vector<uint8_t>{1, 1, 1, 1, 1, 0});
   c.choice = make_choices({"no", "yes", "yes, twice"}, "choice");
   ConstrainedOutput out(c, /*end_ids=*/{5});
-  auto allowed = [&out] {
-    std::vector<float> x(6, 0.0f);
-    out.mask(x.data(), 6, -1.0f);
-    std::vector<int32_t> ids;
-    for (int32_t i = 0; i < 6; ++i) {
-      if (x[i] == 0.0f) ids.push_back(i);
-    }
-    return ids;
-  };
+  auto allowed = [&out] { return allowed_ids(out, 6); };
   EXPECT_EQ(allowed(), (std::vector<int32_t>{0, 3, 4}));
   out.observe(0);
   EXPECT_EQ(allowed(), (std::vector<int32_t>{1, 5}));  // end here, or go on to "yes, twice"

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "allowed_ids.h"
 #include "base/error.h"
 #include "runtime/output_constraint.h"
 
@@ -129,15 +130,7 @@ TEST(ConstrainedOutput, MasksMarkersByTheSectionsGrammarAndEndsOnlyWhenItCloses)
   c.vocab = std::make_shared<ConstraintVocab>(bytes, text);
   c.tool_calls = std::make_shared<ToolCallGrammar>(weather_and_time(/*one_call=*/true));
   ConstrainedOutput out(c, /*end_ids=*/{105});
-  auto allowed = [&out] {
-    std::vector<float> x(106, 0.0f);
-    out.mask(x.data(), 106, -1.0f);
-    std::vector<int32_t> ids;
-    for (int32_t i = 0; i < 106; ++i) {
-      if (x[i] == 0.0f) ids.push_back(i);
-    }
-    return ids;
-  };
+  auto allowed = [&out] { return allowed_ids(out, 106); };
   const std::vector<std::pair<int32_t, std::vector<int32_t>>> walk = {
       {kSectionBegin, {kSectionBegin}},
       {kCallBegin, {kCallBegin}},
