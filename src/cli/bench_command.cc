@@ -11,6 +11,11 @@
 // a decode step then reads exactly the bytes a real context of that length holds, without the prefill
 // time of a million-token prompt. Prefill speed is then measured on a separate prompt (--prefill-tokens).
 //
+// --host-sampling takes each step's logits back to the host and samples there (runtime/sampler.h), the path a
+// server's sequence takes when it asks for log-probabilities, penalties, logit_bias or a structured output:
+// the step then includes the copy of every row's logits (640 KB at Kimi's 163,840 ids) and the host's pass
+// over them, which this measures against the default on-device sampling.
+//
 // On several GPUs (mpirun) with --no-cuda-graphs the report also splits the decode step on rank 0 into
 // communication (device time inside the collectives, waits for the other ranks included) and the rest.
 //
@@ -38,6 +43,7 @@
 #include "cli/session.h"
 #include "model/memory_plan.h"
 #include "model/step_sections.h"
+#include "runtime/sampler.h"
 
 namespace hlm {
 
@@ -59,6 +65,7 @@ struct BenchArgs {
   bool profile_prefill = false;  // also bracket the last repeat's timed prefill (synthetic contexts)
   std::string kernel_trace;      // a kernel timeline of the bracketed steps (Ops::trace_kernels)
   bool layer_split = false;      // time the step sections (model/step_sections.h)
+  bool host_sampling = false;    // logits to the host, sampled there (runtime/sampler.h)
 };
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -197,6 +204,7 @@ int run_bench(const BenchArgs& a) {
   std::vector<double> prefill_rates, step_times, comm_times;
   std::array<std::vector<double>, kNumStepSections> section_times;  // per timed step, seconds
   int64_t next_id = 0;
+  Sampler greedy(SamplingParams{}, 0);  // --host-sampling: the default parameters are greedy
   // Prefill of `n` tokens of a new sequence in chunks; returns tokens/s and leaves the sequence alive.
   auto prefill = [&](int64_t id, int64_t n, std::vector<int32_t>* last) {
     const std::vector<int32_t> tokens = random_tokens(n);
@@ -253,7 +261,12 @@ int run_bench(const BenchArgs& a) {
           rep == a.repeats - 1 && step >= profile_from && step < profile_from + profile_steps;
       if (profiled && step == profile_from) s.ops().profiler_recording(true);
       const auto t = Clock::now();
-      next = s.engine().step_sample(decode, std::vector<SampleParams>(ids.size()));
+      if (a.host_sampling) {
+        const std::vector<Tensor> logits = s.engine().step(decode);  // per entry [1, vocab], host F32
+        for (size_t b = 0; b < logits.size(); ++b) next[b] = greedy.sample(logits[b][0]);
+      } else {
+        next = s.engine().step_sample(decode, std::vector<SampleParams>(ids.size()));
+      }
       step_times.push_back(seconds_since(t));
       if (profiled && step == profile_from + profile_steps - 1) s.ops().profiler_recording(false);
       if (split) comm_times.push_back(s.comm().take_collective_seconds());
@@ -292,6 +305,7 @@ int run_bench(const BenchArgs& a) {
     j["synthetic_context"] = synthetic;
     j["batch"] = a.batch;
     j["steps"] = a.steps;
+    j["host_sampling"] = a.host_sampling;
     j["repeats"] = a.repeats;
     j["decode_ms_per_step"] = step * 1e3;
     j["tokens_per_s"] = a.batch / step;
@@ -329,8 +343,9 @@ int run_bench(const BenchArgs& a) {
     return 0;
   }
   std::cout << fmt::format(
-      "model: {}  layout: tp={} cp={}  context {}{}  batch {}  ({} steps x {} repeats)\n", model, m.tp, m.cp,
-      a.context, synthetic ? " (synthetic)" : "", a.batch, a.steps, a.repeats);
+      "model: {}  layout: tp={} cp={}  context {}{}  batch {}  ({} steps x {} repeats){}\n", model, m.tp,
+      m.cp, a.context, synthetic ? " (synthetic)" : "", a.batch, a.steps, a.repeats,
+      a.host_sampling ? "  sampled on the host" : "");
   std::cout << fmt::format("prefill: {:.0f} tokens/s (median, chunks of {})\n", median(prefill_rates), chunk);
   std::cout << fmt::format("decode: {:.3f} ms/step median, {:.1f} tokens/s\n", step * 1e3, a.batch / step);
   std::cout << fmt::format(
@@ -387,6 +402,9 @@ CommandRunner add_bench_command(CLI::App& app) {
   cmd->add_flag("--layer-split", a->layer_split,
                 "Time each decode step's sections (embedding, KDA / MLA attention, dense / MoE FFN, head) "
                 "and report each per layer against its floor (the marks add graph nodes)");
+  cmd->add_flag("--host-sampling", a->host_sampling,
+                "Sample each step on the host from logits copied back (the path of requests with "
+                "log-probabilities, penalties, logit_bias or structured outputs) instead of on the device");
   cmd->add_flag(
       "--profile-prefill", a->profile_prefill,
       "Record the last repeat's timed prefill (--prefill-tokens) for a device profiler started with "

@@ -243,6 +243,19 @@ TEST(Cli, PlanSizesKimiK3) {
   EXPECT_NE(r.err.find("vision tower is not loaded"), std::string::npos) << r.err;
 }
 
+// bench --host-sampling: the steps run with their logits sampled on the host, and the report says so.
+TEST(Cli, BenchSamplesOnTheHostWhenAsked) {
+  for (const bool host : {false, true}) {
+    const Result r =
+        run(fmt::format("{} bench -m {} --device cpu --context 16 --steps 3 --repeats 1 --json{}", kBin,
+                        kTiny, host ? " --host-sampling" : ""));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["host_sampling"].get<bool>(), host) << r.out;
+    EXPECT_GT(j["decode_ms_per_step"].get<double>(), 0.0) << r.out;
+  }
+}
+
 // bench --layer-split: one section row per kind of layer the model has, with its count; plan
 // --layer-times turns them back into the same step at the measured layout and scales them by the bytes a
 // rank moves in another, and refuses times measured on another model or batch.
